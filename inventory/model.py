@@ -1,0 +1,114 @@
+"""Frozen dataclasses describing hosts, inventories, rendezvous settings and jobs."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Literal, Union
+
+NprocSpec = Union[int, Literal["gpu", "cpu", "auto"]]
+GpuSpec = Union[int, Literal["auto"]]
+
+LOCAL_ADDRESSES = frozenset({"localhost", "127.0.0.1", "::1"})
+
+
+def _frozen_env(env: Mapping[str, str] | None) -> Mapping[str, str]:
+    return MappingProxyType(dict(env or {}))
+
+
+@dataclass(frozen=True)
+class Host:
+    """One machine of the inventory. `None` fields fall back to ssh_config / defaults."""
+
+    name: str
+    address: str
+    user: str | None = None
+    port: int | None = None
+    python: str = "python3"
+    workdir: str | None = None  # None: the job file's directory (shared filesystem)
+    gpus: GpuSpec = "auto"
+    slots: int | None = None  # from an MPI/DeepSpeed hostfile
+    env: Mapping[str, str] = field(default_factory=lambda: _frozen_env(None))
+
+    @property
+    def is_local(self) -> bool:
+        return self.address in LOCAL_ADDRESSES
+
+
+LOCALHOST = Host(name="localhost", address="127.0.0.1", python=sys.executable)
+
+
+@dataclass(frozen=True)
+class Inventory:
+    hosts: tuple[Host, ...]
+    source: Path | None = None  # None: the embedded localhost default
+
+    def names(self) -> list[str]:
+        return [h.name for h in self.hosts]
+
+    def get(self, name_or_address: str) -> Host | None:
+        for h in self.hosts:
+            if name_or_address in (h.name, h.address):
+                return h
+        return None
+
+
+def local_inventory() -> Inventory:
+    return Inventory(hosts=(LOCALHOST,), source=None)
+
+
+@dataclass(frozen=True)
+class Rendezvous:
+    master_addr: str | None = None  # None: the first selected host's address
+    master_port: int | Literal["auto"] = 29500
+    backend: Literal["static", "c10d"] = "static"
+
+
+@dataclass(frozen=True)
+class Job:
+    name: str
+    inventory: Inventory
+    hosts: tuple[Host, ...]  # selected hosts; order is node_rank order
+    script: str | None = None  # exactly one of script / module is set
+    module: str | None = None
+    args: tuple[str, ...] = ()
+    nproc_per_node: NprocSpec = 1
+    rendezvous: Rendezvous = field(default_factory=Rendezvous)
+    env: Mapping[str, str] = field(default_factory=lambda: _frozen_env(None))
+    source: Path | None = None  # the job file
+    base_dir: Path = field(default_factory=Path.cwd)  # directory of the job file
+
+    @property
+    def master_host(self) -> Host:
+        """The host that runs the rendezvous store (named by master_addr, else the first)."""
+        addr = self.rendezvous.master_addr
+        if addr is not None:
+            for h in self.hosts:
+                if addr in (h.name, h.address):
+                    return h
+        return self.hosts[0]
+
+    @property
+    def master_address(self) -> str:
+        """The address other hosts use to reach the master."""
+        addr = self.rendezvous.master_addr
+        if addr is None:
+            return self.hosts[0].address
+        host = self.inventory.get(addr)
+        return host.address if host is not None else addr
+
+    def workdir_for(self, host: Host) -> str:
+        return host.workdir if host.workdir is not None else str(self.base_dir)
+
+
+@dataclass(frozen=True)
+class JobOverrides:
+    """Command-line overrides, applied after the job file."""
+
+    nproc_per_node: NprocSpec | None = None
+    master_port: int | Literal["auto"] | None = None
+    env: tuple[tuple[str, str], ...] = ()
+    hosts: tuple[str, ...] | None = None

@@ -1,0 +1,65 @@
+"""Agent entry point: read one request from stdin, run its op, print events and one result."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import traceback
+from typing import Any, Callable, Dict
+
+from node_agent.protocol import PROTOCOL_VERSION, emit_result, read_request
+
+# op name -> "module:function". Each function takes (request, control_stream) and returns a
+# JSON-able dict; an "exit_code" key in it becomes the process exit code.
+OPS: Dict[str, str] = {
+    "ping": "node_agent.__main__:ping",
+    "facts": "node_agent.facts:gather",
+    "port_owners": "node_agent.ports:port_owners",
+    "kill_port": "node_agent.ports:kill_port",
+    "listen": "node_agent.probe:listen",
+    "connect": "node_agent.probe:connect",
+    "supervise": "node_agent.supervisor:supervise",
+    "ps": "node_agent.jobs:ps",
+    "down": "node_agent.jobs:down",
+    "logs": "node_agent.jobs:logs",
+    "stacks": "node_agent.stacks:dump",
+}
+
+
+def ping(request: Dict[str, Any], control: Any) -> Dict[str, Any]:
+    import os
+    import platform
+    import socket
+
+    return {
+        "hostname": socket.gethostname(),
+        "python": platform.python_version(),
+        "executable": sys.executable,
+        "pid": os.getpid(),
+        "protocol": PROTOCOL_VERSION,
+    }
+
+
+def _load(op: str) -> Callable[[Dict[str, Any], Any], Dict[str, Any]]:
+    target = OPS.get(op)
+    if target is None:
+        raise KeyError("unknown op %r (known: %s)" % (op, ", ".join(sorted(OPS))))
+    module_name, func_name = target.split(":")
+    return getattr(importlib.import_module(module_name), func_name)
+
+
+def main() -> int:
+    control = sys.stdin.buffer
+    try:
+        request = read_request(control)
+        result = _load(str(request["op"]))(request, control)
+    except Exception as exc:  # an agent that crashes still answers with one JSON result
+        emit_result({"error": {"type": type(exc).__name__, "message": str(exc),
+                               "traceback": traceback.format_exc()}, "exit_code": 70})
+        return 70
+    emit_result(result)
+    return int(result.get("exit_code", 0))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,61 @@
+"""The wire protocol between the orchestrator and an agent: one request in, events and a result out.
+
+stdin:  one JSON request line ({"op": NAME, ...}); after it, stdin stays open as the control
+        channel: "HEARTBEAT\n" lines keep long ops alive, "STOP\n" asks for a graceful stop,
+        "KILL\n" for a forced one, and EOF means the control plane went away.
+stdout: any number of lines; lines starting with EVENT_PREFIX carry a JSON event, the line
+        starting with RESULT_PREFIX carries the op's JSON result. Other lines are the output of
+        the supervised program, passed through verbatim.
+exit:   the op's exit code (the supervised program's exit code for "supervise").
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+from typing import Any, BinaryIO, Dict, Optional
+
+EVENT_PREFIX = "@@DDPCTL-EVENT@@ "
+RESULT_PREFIX = "@@DDPCTL-RESULT@@ "
+PROTOCOL_VERSION = 1
+
+_out_lock = threading.Lock()
+
+
+def write_line(text: str) -> None:
+    """Write one whole line to stdout, atomically with respect to other agent threads."""
+    with _out_lock:
+        sys.stdout.write(text + "\n")
+        sys.stdout.flush()
+
+
+def emit_event(event: str, **fields: Any) -> None:
+    payload = dict(fields)
+    payload["event"] = event
+    write_line(EVENT_PREFIX + json.dumps(payload, sort_keys=True, default=str))
+
+
+def emit_result(result: Dict[str, Any]) -> None:
+    write_line(RESULT_PREFIX + json.dumps(result, sort_keys=True, default=str))
+
+
+def read_request(stream: BinaryIO) -> Dict[str, Any]:
+    line = stream.readline()
+    if not line:
+        raise ValueError("no request on stdin")
+    request = json.loads(line.decode("utf-8"))
+    if not isinstance(request, dict) or "op" not in request:
+        raise ValueError("request must be a JSON object with an 'op' key")
+    return request
+
+
+def parse_line(text: str) -> "Optional[Dict[str, Any]]":
+    """For the orchestrator: the JSON of an event/result line, or None for program output."""
+    for prefix in (EVENT_PREFIX, RESULT_PREFIX):
+        if text.startswith(prefix):
+            data = json.loads(text[len(prefix):])
+            if prefix == RESULT_PREFIX:
+                data = {"event": "result", "result": data}
+            return data
+    return None

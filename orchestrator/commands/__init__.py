@@ -1,0 +1,1 @@
+"""One module per CLI command: parse flags, build a config, call the core, render, exit code."""

@@ -1,0 +1,91 @@
+"""Options and error rendering shared by every command."""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
+
+from inventory import ConfigError, Inventory, local_inventory
+from orchestrator.errors import HostError
+from orchestrator.hosts import DEFAULT_PARALLEL, HostPool
+from orchestrator.ssh import SshOptions
+
+err_console = Console(stderr=True, highlight=False, soft_wrap=True)
+console = Console(highlight=False, soft_wrap=True)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+SshConfigOpt = Annotated[
+    Path | None, typer.Option("--ssh-config", help="OpenSSH config file (default ~/.ssh/config).",
+                              exists=False, dir_okay=False, rich_help_panel="SSH")]
+KnownHostsOpt = Annotated[
+    list[Path] | None, typer.Option("--known-hosts", help="Extra known_hosts file (repeatable).",
+                                    rich_help_panel="SSH")]
+AcceptNewOpt = Annotated[
+    bool, typer.Option("--accept-new-host-keys",
+                       help="Record unknown host keys (like StrictHostKeyChecking=accept-new); "
+                            "changed keys are still refused.", rich_help_panel="SSH")]
+ParallelOpt = Annotated[
+    int, typer.Option("--parallel", min=1, help="Hosts contacted at once.", rich_help_panel="SSH")]
+ConnectTimeoutOpt = Annotated[
+    float, typer.Option("--connect-timeout", min=0.5, help="Seconds to wait for each SSH connection.",
+                        rich_help_panel="SSH")]
+InventoryOpt = Annotated[
+    Path | None, typer.Option("--inventory", "-i", help="Inventory: hosts.toml or an MPI/DeepSpeed hostfile.")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
+
+
+def make_pool(ssh_config: Path | None, known_hosts: list[Path] | None, accept_new: bool,
+              parallel: int = DEFAULT_PARALLEL, connect_timeout: float = 10.0) -> HostPool:
+    if ssh_config is not None and not ssh_config.is_file():
+        raise ConfigError(f"SSH config file {ssh_config} does not exist", key="--ssh-config")
+    options = SshOptions(ssh_config=ssh_config, known_hosts=tuple(known_hosts or ()),
+                         accept_new_host_keys=accept_new, connect_timeout=connect_timeout)
+    return HostPool(options, max_parallel=parallel)
+
+
+def load_inventory_arg(path: Path | None) -> Inventory:
+    if path is None:
+        return local_inventory()
+    from inventory import load_inventory
+
+    return load_inventory(path)
+
+
+def print_config_error(exc: ConfigError) -> None:
+    err_console.print(f"[bold red]error:[/] {exc.location() + ': ' if exc.location() else ''}"
+                      f"{exc.message}", markup=True, highlight=False)
+    if exc.hint:
+        err_console.print(f"  [bold]fix:[/] {exc.hint}")
+
+
+def handle_errors(func: F) -> F:
+    """Bad input -> exit 2, a host failure outside a report -> exit 1; never a traceback."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except ConfigError as exc:
+            print_config_error(exc)
+            raise typer.Exit(2) from None
+        except HostError as exc:
+            err_console.print(f"[bold red]error:[/] {exc.host}: {exc.message}")
+            if exc.fix:
+                err_console.print(f"  [bold]fix:[/] {exc.fix}")
+            raise typer.Exit(1) from None
+        except KeyboardInterrupt:
+            err_console.print("interrupted")
+            raise typer.Exit(130) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def is_terminal() -> bool:
+    return sys.stdout.isatty()

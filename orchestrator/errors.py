@@ -1,0 +1,38 @@
+"""Errors that name a host, what went wrong and the fix; the CLI renders them without traceback."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class HostErrorKind(str, enum.Enum):
+    UNREACHABLE = "unreachable"  # no answer: host down, link down, firewall dropping SSH
+    SSHD_DOWN = "sshd_down"  # connection refused on the SSH port
+    UNRESOLVED = "unresolved"  # name does not resolve
+    UNKNOWN_HOST_KEY = "unknown_host_key"
+    CHANGED_HOST_KEY = "changed_host_key"
+    AUTH = "auth"  # passwordless SSH not set up
+    TIMEOUT = "timeout"  # a command ran past its deadline
+    LOST = "lost"  # the connection died while a command ran
+    AGENT = "agent"  # the node agent could not run or answered garbage
+    PROTOCOL = "protocol"
+
+
+@dataclass
+class HostError(Exception):
+    """Something failed on (or on the way to) one host."""
+
+    host: str
+    kind: HostErrorKind
+    message: str
+    fix: str = ""
+
+    def __str__(self) -> str:
+        text = f"{self.host}: {self.message}"
+        if self.fix:
+            text += f"\n  fix: {self.fix}"
+        return text
+
+    def to_json(self) -> dict[str, str]:
+        return {"host": self.host, "kind": self.kind.value, "message": self.message, "fix": self.fix}

@@ -1,0 +1,82 @@
+"""One transport per host, reused for the whole run, and a bounded parallel fan-out over hosts."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+from inventory import Host
+from orchestrator.errors import HostError, HostErrorKind
+from orchestrator.ssh import SshOptions, SshTransport
+from orchestrator.transport import LocalTransport, Transport
+
+T = TypeVar("T")
+
+DEFAULT_PARALLEL = 64
+
+
+@dataclass
+class FanOut(Generic[T]):
+    """Each host maps to its result or its error: partial failure is data."""
+
+    succeeded: dict[str, T] = field(default_factory=dict)
+    failed: dict[str, HostError] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed
+
+
+class HostPool:
+    """Opens each host's connection on first use and keeps it for every later command."""
+
+    def __init__(self, options: SshOptions | None = None, max_parallel: int = DEFAULT_PARALLEL) -> None:
+        self.options = options or SshOptions()
+        self.max_parallel = max(1, max_parallel)
+        self._transports: dict[str, Transport] = {}
+        self._lock = threading.Lock()
+
+    def transport(self, host: Host) -> Transport:
+        with self._lock:
+            t = self._transports.get(host.name)
+            if t is None:
+                t = LocalTransport(host) if host.is_local else SshTransport(host, self.options)
+                self._transports[host.name] = t
+            return t
+
+    def map(self, hosts: Iterable[Host], fn: Callable[[Transport], T]) -> FanOut[T]:
+        hosts = list(hosts)
+        out: FanOut[T] = FanOut()
+        if not hosts:
+            return out
+
+        def one(host: Host) -> tuple[str, T | HostError]:
+            try:
+                return host.name, fn(self.transport(host))
+            except HostError as exc:
+                return host.name, exc
+            except Exception as exc:  # a crash on one host is that host's error, not ours
+                return host.name, HostError(host.name, HostErrorKind.PROTOCOL, f"{type(exc).__name__}: {exc}")
+
+        with ThreadPoolExecutor(max_workers=min(self.max_parallel, len(hosts))) as pool:
+            for name, value in pool.map(one, hosts):
+                if isinstance(value, HostError):
+                    out.failed[name] = value
+                else:
+                    out.succeeded[name] = value
+        return out
+
+    def close(self) -> None:
+        with self._lock:
+            transports, self._transports = list(self._transports.values()), {}
+        for t in transports:
+            t.close()
+
+    def __enter__(self) -> HostPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,245 @@
+"""SSH transport over fabric/paramiko: one reused connection per host, OpenSSH host-key rules."""
+
+from __future__ import annotations
+
+import errno
+import shlex
+import socket
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import fabric
+import paramiko
+from paramiko.ssh_exception import NoValidConnectionsError
+
+from inventory import Host
+from orchestrator.errors import HostError, HostErrorKind
+from orchestrator.transport import CommandResult, LineQueue, OutputLine, RunningCommand
+
+
+@dataclass(frozen=True)
+class SshOptions:
+    ssh_config: Path | None = None  # None: ~/.ssh/config and /etc/ssh/ssh_config
+    known_hosts: tuple[Path, ...] = ()  # in addition to ssh_config's / ~/.ssh/known_hosts
+    accept_new_host_keys: bool = False  # like StrictHostKeyChecking=accept-new
+    connect_timeout: float = 10.0
+
+
+class UnknownHostKey(paramiko.SSHException):
+    def __init__(self, hostname: str, key: paramiko.PKey) -> None:
+        super().__init__(f"host key for {hostname} is not in known_hosts")
+        self.hostname = hostname
+        self.key = key
+
+
+class RejectUnknown(paramiko.MissingHostKeyPolicy):
+    """OpenSSH's StrictHostKeyChecking=yes."""
+
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+        raise UnknownHostKey(hostname, key)
+
+
+class AcceptNew(paramiko.MissingHostKeyPolicy):
+    """OpenSSH's StrictHostKeyChecking=accept-new: record unknown keys; changed keys still fail."""
+
+    _lock = threading.Lock()
+
+    def __init__(self, save_to: Path) -> None:
+        self.save_to = save_to
+
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+        client.get_host_keys().add(hostname, key.get_name(), key)
+        with self._lock:
+            self.save_to.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            with self.save_to.open("a") as f:
+                f.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
+
+
+def _known_hosts_files(conn: fabric.Connection, options: SshOptions) -> list[Path]:
+    files = list(options.known_hosts)
+    configured = conn.ssh_config.get("userknownhostsfile")
+    if configured:
+        files += [Path(p).expanduser() for p in configured.split()]
+    else:
+        files.append(Path("~/.ssh/known_hosts").expanduser())
+    return files
+
+
+def _secure(conn: fabric.Connection, options: SshOptions) -> None:
+    """Replace fabric's silent AutoAddPolicy with OpenSSH's rules, on every ProxyJump hop too."""
+    files = _known_hosts_files(conn, options)
+    for f in files:
+        if f.exists():
+            conn.client.load_host_keys(str(f))
+    if options.accept_new_host_keys:
+        conn.client.set_missing_host_key_policy(AcceptNew(files[0]))
+    else:
+        conn.client.set_missing_host_key_policy(RejectUnknown())
+    if isinstance(conn.gateway, fabric.Connection):
+        _secure(conn.gateway, options)
+
+
+def _fabric_config(options: SshOptions) -> fabric.Config:
+    overrides = {"load_ssh_configs": True}
+    if options.ssh_config is not None:
+        return fabric.Config(runtime_ssh_path=str(options.ssh_config), overrides=overrides)
+    return fabric.Config(overrides=overrides)
+
+
+def make_connection(host: Host, options: SshOptions) -> fabric.Connection:
+    timeout = int(max(1, options.connect_timeout))
+    conn = fabric.Connection(
+        host.address, user=host.user, port=host.port, config=_fabric_config(options),
+        connect_timeout=timeout,
+        connect_kwargs={"banner_timeout": timeout, "auth_timeout": timeout, "allow_agent": True},
+    )
+    _secure(conn, options)
+    return conn
+
+
+def _target(conn: fabric.Connection) -> str:
+    return f"{conn.user}@{conn.host}" + (f" -p {conn.port}" if conn.port != 22 else "")
+
+
+def translate(host: str, conn: fabric.Connection, exc: BaseException) -> HostError:
+    """Turn a paramiko/socket exception into one error naming the host and the fix."""
+    where = f"{conn.host}:{conn.port}"
+    if isinstance(exc, paramiko.BadHostKeyException):
+        return HostError(host, HostErrorKind.CHANGED_HOST_KEY,
+                         f"host key of {where} CHANGED (expected {exc.expected_key.get_fingerprint().hex()}, "
+                         f"got {exc.key.get_fingerprint().hex()}); refusing to connect",
+                         f"if {conn.host} was reinstalled: ssh-keygen -R {conn.host}, then verify and "
+                         "reconnect; otherwise treat it as a possible man-in-the-middle")
+    if isinstance(exc, UnknownHostKey):
+        return HostError(host, HostErrorKind.UNKNOWN_HOST_KEY,
+                         f"unknown host key for {exc.hostname} ({exc.key.get_name()}); refusing to connect",
+                         f"verify it, then: ssh-keyscan -p {conn.port} {conn.host} >> ~/.ssh/known_hosts "
+                         "(or pass --accept-new-host-keys)")
+    if isinstance(exc, (paramiko.AuthenticationException, paramiko.PasswordRequiredException)):
+        return HostError(host, HostErrorKind.AUTH,
+                         f"passwordless SSH not set up: {conn.user}@{where} refused our keys ({exc})",
+                         f"ssh-copy-id {_target(conn)}")
+    if isinstance(exc, NoValidConnectionsError):
+        return HostError(host, HostErrorKind.SSHD_DOWN,
+                         f"connection refused on {where}: sshd is not running or listens elsewhere",
+                         f"start sshd on {host} (sudo systemctl start ssh) or set the right port")
+    if isinstance(exc, socket.gaierror):
+        return HostError(host, HostErrorKind.UNRESOLVED, f"cannot resolve {conn.host}: {exc}",
+                         "fix the address in the inventory or /etc/hosts")
+    if isinstance(exc, (socket.timeout, TimeoutError)) or (
+        isinstance(exc, OSError) and exc.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH)
+    ):
+        return HostError(host, HostErrorKind.UNREACHABLE,
+                         f"no answer from {where} ({exc or 'timed out'})",
+                         f"check that {host} is up and that port {conn.port} is reachable")
+    if isinstance(exc, paramiko.SSHException) and "authentication" in str(exc).lower():
+        return HostError(host, HostErrorKind.AUTH, f"passwordless SSH not set up: {exc}",
+                         f"ssh-copy-id {_target(conn)}")
+    return HostError(host, HostErrorKind.PROTOCOL, f"SSH to {where} failed: {exc!r}",
+                     f"try: ssh {_target(conn)} true")
+
+
+class SshRunning:
+    """A remote command on an open channel; abort() drops the channel like a lost link."""
+
+    def __init__(self, host: str, chan: paramiko.Channel) -> None:
+        self.host = host
+        self.chan = chan
+        self._lines = LineQueue()
+        self._lines.reader("stdout", chan.makefile("rb"))
+        self._lines.reader("stderr", chan.makefile_stderr("rb"))
+
+    def lines(self) -> Iterator[OutputLine]:
+        return iter(self._lines)
+
+    def send(self, data: bytes) -> None:
+        self.chan.sendall(data)
+
+    def close_stdin(self) -> None:
+        try:
+            self.chan.shutdown_write()
+        except (OSError, EOFError, paramiko.SSHException):
+            pass
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        if not self.chan.status_event.wait(timeout):
+            return None
+        return self.chan.recv_exit_status()
+
+    def abort(self) -> None:
+        self.chan.close()
+
+
+class SshTransport:
+    """Runs argv on one host over a single fabric connection, opened on first use, reused."""
+
+    def __init__(self, host: Host, options: SshOptions) -> None:
+        self.host = host
+        self.options = options
+        self._conn: fabric.Connection | None = None
+        self._lock = threading.Lock()
+
+    def connection(self) -> fabric.Connection:
+        with self._lock:
+            if self._conn is None or not self._conn.is_connected:
+                conn = make_connection(self.host, self.options)
+                try:
+                    conn.open()
+                except Exception as exc:  # translated once, here, at the boundary
+                    raise translate(self.host.name, conn, exc) from None
+                assert conn.transport is not None
+                conn.transport.set_keepalive(5)
+                self._conn = conn
+            return self._conn
+
+    def _open(self, argv: Sequence[str]) -> paramiko.Channel:
+        conn = self.connection()
+        try:
+            chan = conn.transport.open_session(timeout=self.options.connect_timeout)
+            chan.exec_command(shlex.join(argv))
+        except Exception as exc:
+            raise HostError(self.host.name, HostErrorKind.LOST,
+                            f"SSH connection to {self.host.address} failed: {exc!r}") from None
+        return chan
+
+    def start(self, argv: Sequence[str], *, stdin: bytes | None = None) -> RunningCommand:
+        running = SshRunning(self.host.name, self._open(argv))
+        if stdin:
+            running.send(stdin)
+        return running
+
+    def run(
+        self, argv: Sequence[str], *, stdin: bytes | None = None, timeout: float | None = None
+    ) -> CommandResult:
+        started = time.monotonic()
+        running = SshRunning(self.host.name, self._open(argv))
+        if stdin:
+            running.send(stdin)
+        running.close_stdin()
+        out: list[str] = []
+        err: list[str] = []
+        reader = threading.Thread(target=_collect, args=(running, out, err), daemon=True)
+        reader.start()
+        code = running.wait(timeout)
+        if code is None:
+            running.abort()
+            raise HostError(self.host.name, HostErrorKind.TIMEOUT,
+                            f"command did not finish within {timeout:.0f}s: {shlex.join(argv)[:200]}",
+                            "check the host's load, or raise the timeout")
+        reader.join(5)
+        return CommandResult(self.host.name, tuple(argv), code, "\n".join(out) + ("\n" if out else ""),
+                             "\n".join(err) + ("\n" if err else ""), time.monotonic() - started)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+
+def _collect(running: SshRunning, out: list[str], err: list[str]) -> None:
+    for line in running.lines():
+        (out if line.stream == "stdout" else err).append(line.text)
