@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 import traceback
 from typing import Any, Callable, Dict
@@ -19,6 +20,7 @@ OPS: Dict[str, str] = {
     "listen": "node_agent.probe:listen",
     "connect": "node_agent.probe:connect",
     "supervise": "node_agent.supervisor:supervise",
+    "preflight": "node_agent.preflight:preflight",
     "ps": "node_agent.jobs:ps",
     "down": "node_agent.jobs:down",
     "logs": "node_agent.jobs:logs",
@@ -49,6 +51,14 @@ def _load(op: str) -> Callable[[Dict[str, Any], Any], Dict[str, Any]]:
 
 
 def main() -> int:
+    """Run the request's op. Ends with os._exit: reader threads may still block on stdin."""
+    code = _run()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _run() -> int:
     control = sys.stdin.buffer
     try:
         request = read_request(control)

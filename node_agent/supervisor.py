@@ -1,0 +1,212 @@
+"""Runs torchrun in its own session, records run state, and ends it when the control plane goes.
+
+The control plane is gone when the control channel (stdin) reaches EOF, when no HEARTBEAT line
+arrives for `heartbeat_timeout` seconds (a downed link leaves the TCP connection silently open),
+or on SIGHUP/SIGTERM/SIGINT. Then the whole job is ended: SIGTERM to torchrun's process group and
+to every process carrying DDPCTL_JOB_ID, SIGKILL after the grace period.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, BinaryIO, Dict, List, Optional
+
+from node_agent.protocol import emit_event, write_line
+from node_agent.runstate import (
+    JOB_ENV,
+    end_job,
+    proc_start_ticks,
+    state_dir,
+    write_json_atomic,
+)
+
+HEARTBEAT_EVERY = 2.0
+
+
+class Supervisor:
+    """One supervised torchrun: its process, its state file, its log, and why it stopped."""
+
+    def __init__(self, request: Dict[str, Any], detached: bool) -> None:
+        self.request = request
+        self.job_id = str(request["job_id"])
+        self.node_rank = int(request.get("node_rank", 0))
+        self.grace = float(request.get("grace", 10.0))
+        self.heartbeat_timeout = float(request.get("heartbeat_timeout", 20.0))
+        self.detached = detached
+        self.dir = state_dir(self.job_id, self.node_rank)
+        self.log_path = self.dir / "output.log"
+        self.proc: Optional[subprocess.Popen] = None
+        self.stop_reason: Optional[str] = None
+        self.last_beat = time.monotonic()
+        self.stopping = threading.Event()
+        self.passthrough = not detached
+
+    def argv(self) -> List[str]:
+        log_dir = str(self.dir / "torchrun")
+        return list(self.request["launcher"]) + ["--log-dir", log_dir] + list(self.request["program"])
+
+    def env(self) -> Dict[str, str]:
+        env = dict(os.environ)
+        env.update({str(k): str(v) for k, v in (self.request.get("env") or {}).items()})
+        env[JOB_ENV] = self.job_id
+        env["DDPCTL_NODE_RANK"] = str(self.node_rank)
+        env["PYTHONUNBUFFERED"] = "1"
+        return env
+
+    def state(self, **extra: Any) -> Dict[str, Any]:
+        assert self.proc is not None
+        data = {
+            "job_id": self.job_id,
+            "job_name": self.request.get("job_name"),
+            "node_rank": self.node_rank,
+            "hostname": socket.gethostname(),
+            "pid": self.proc.pid,
+            "pgid": self.proc.pid,
+            "start_ticks": proc_start_ticks(self.proc.pid),
+            "supervisor_pid": os.getpid(),
+            "argv": self.argv(),
+            "cwd": self.request.get("cwd"),
+            "started_at": time.time(),
+            "detached": self.detached,
+            "log": str(self.log_path),
+            "status": "running",
+        }
+        data.update(extra)
+        return data
+
+    def start(self) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.proc = subprocess.Popen(
+            self.argv(), cwd=self.request.get("cwd") or None, env=self.env(),
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        self.started = self.state()
+        write_json_atomic(self.dir / "state.json", self.started)
+
+    def stop(self, reason: str, force: bool = False) -> None:
+        if self.stopping.is_set() and not force:
+            return
+        self.stopping.set()
+        self.stop_reason = self.stop_reason or reason
+        assert self.proc is not None
+        threading.Thread(target=end_job, args=(self.job_id, self.proc.pid, 0.0 if force else self.grace),
+                         daemon=True).start()
+
+    def pump_output(self) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
+        with open(str(self.log_path), "ab", buffering=0) as log:
+            for raw in iter(self.proc.stdout.readline, b""):
+                log.write(raw)
+                if self.passthrough:
+                    try:
+                        write_line(raw.decode("utf-8", "replace").rstrip("\r\n"))
+                    except (BrokenPipeError, OSError):
+                        self.passthrough = False
+                        self.stop("control connection lost (stdout closed)")
+
+    def read_control(self, control: BinaryIO) -> None:
+        for raw in iter(control.readline, b""):
+            word = raw.strip().decode("ascii", "replace")
+            if word == "HEARTBEAT":
+                self.last_beat = time.monotonic()
+            elif word == "STOP":
+                self.stop("stopped by the control plane")
+            elif word == "KILL":
+                self.stop("killed by the control plane", force=True)
+        self.stop("control connection lost (stdin closed)")
+
+    def watch_heartbeat(self) -> None:
+        while self.proc is not None and self.proc.poll() is None:
+            if self.heartbeat_timeout > 0 and time.monotonic() - self.last_beat > self.heartbeat_timeout:
+                self.stop("no heartbeat from the control plane for %.0fs" % self.heartbeat_timeout)
+                return
+            try:
+                emit_event("heartbeat", pid=self.proc.pid)
+            except (BrokenPipeError, OSError):
+                self.passthrough = False
+                self.stop("control connection lost (stdout closed)")
+            time.sleep(HEARTBEAT_EVERY)
+
+    def first_error(self) -> Optional[Dict[str, Any]]:
+        """The earliest torchelastic error file of this node's ranks, if a rank wrote one."""
+        errors = []
+        for path in (self.dir / "torchrun").glob("**/error.json"):
+            try:
+                data = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue
+            message = data.get("message", {})
+            extra = message.get("extraInfo", {}) if isinstance(message, dict) else {}
+            errors.append({
+                "local_rank": path.parent.name,
+                "timestamp": int(extra.get("timestamp", 0) or 0),
+                "message": message.get("message") if isinstance(message, dict) else str(message),
+                "traceback": extra.get("py_callstack", ""),
+                "file": str(path),
+            })
+        return min(errors, key=lambda e: e["timestamp"]) if errors else None
+
+    def run(self, control: Optional[BinaryIO]) -> Dict[str, Any]:
+        self.start()
+        assert self.proc is not None
+        emit_event("started", pid=self.proc.pid, pgid=self.proc.pid, state_dir=str(self.dir),
+                   log=str(self.log_path), hostname=socket.gethostname())
+        for sig in (signal.SIGHUP, signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda s, f: self.stop("supervisor got signal %d" % s))
+        pump = threading.Thread(target=self.pump_output, daemon=True)
+        pump.start()
+        if control is not None:
+            threading.Thread(target=self.read_control, args=(control,), daemon=True).start()
+            threading.Thread(target=self.watch_heartbeat, daemon=True).start()
+        code = self.proc.wait()
+        pump.join(10)
+        if self.stopping.is_set():
+            end_job(self.job_id, self.proc.pid, self.grace)  # stragglers outside the group
+        result = {"exit_code": code, "stop_reason": self.stop_reason, "first_error": self.first_error(),
+                  "state_dir": str(self.dir), "log": str(self.log_path)}
+        write_json_atomic(self.dir / "state.json", dict(self.started, status="exited",
+                                                           ended_at=time.time(), **result))
+        return result
+
+
+def _daemonize(request: Dict[str, Any]) -> Dict[str, Any]:
+    """Double-fork a supervisor that outlives this SSH session; return once it has started."""
+    sup = Supervisor(request, detached=True)
+    state_file = sup.dir / "state.json"
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() != 0:
+            os._exit(0)
+        devnull = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(devnull, fd)
+        try:
+            sup.run(control=None)
+        finally:
+            os._exit(0)
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and not state_file.exists():
+        time.sleep(0.05)
+    data = json.loads(state_file.read_text()) if state_file.exists() else {}
+    return {"detached": True, "exit_code": 0 if data else 1, "pid": data.get("pid"),
+            "state_dir": str(sup.dir), "log": str(sup.log_path)}
+
+
+def supervise(request: Dict[str, Any], control: BinaryIO) -> Dict[str, Any]:
+    cwd = request.get("cwd")
+    if cwd and not os.path.isdir(cwd):
+        emit_event("error", message="workdir %s does not exist on %s" % (cwd, socket.gethostname()))
+        return {"exit_code": 2, "error_kind": "workdir", "stop_reason": "workdir missing: %s" % cwd}
+    if request.get("detach"):
+        return _daemonize(request)
+    sys.stdout.flush()
+    return Supervisor(request, detached=False).run(control)

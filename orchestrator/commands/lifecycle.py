@@ -1,0 +1,145 @@
+"""`ddpctl ps`, `down` and `logs`: jobs on every host, found through each host's run state."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+from rich.text import Text
+
+from inventory import Inventory, load_job
+from orchestrator.agent import call_agent, start_agent
+from orchestrator.commands.common import (
+    AcceptNewOpt,
+    InventoryOpt,
+    JsonOpt,
+    KnownHostsOpt,
+    ParallelOpt,
+    SshConfigOpt,
+    console,
+    err_console,
+    handle_errors,
+    load_inventory_arg,
+    make_pool,
+)
+from node_agent.protocol import parse_line
+
+JobArg = Annotated[str, typer.Argument(help="A job id (or name), or the job.toml it was started from.")]
+
+
+def resolve_target(job: str, inventory_path: Path | None) -> tuple[str, Inventory]:
+    """A job.toml names the job and its inventory; a bare id needs -i (or means this machine)."""
+    if job.endswith(".toml") and Path(job).is_file():
+        spec = load_job(Path(job))
+        inv = load_inventory_arg(inventory_path) if inventory_path else spec.inventory
+        return spec.name, inv
+    return job, load_inventory_arg(inventory_path)
+
+
+def report_failures(failed: dict[str, Any]) -> None:
+    for name, err in failed.items():
+        err_console.print(f"[bold red]{name}[/]: {err.message}" + (f"\n  fix: {err.fix}" if err.fix else ""),
+                          highlight=False)
+
+
+@handle_errors
+def ps_command(
+    inventory: InventoryOpt = None,
+    job: Annotated[str | None, typer.Option("--job", help="Only this job id or name.")] = None,
+    as_json: JsonOpt = False,
+    ssh_config: SshConfigOpt = None,
+    known_hosts: KnownHostsOpt = None,
+    accept_new_host_keys: AcceptNewOpt = False,
+    parallel: ParallelOpt = 64,
+) -> None:
+    """List ddpctl jobs running on each host: job id, node rank, pids, uptime, GPU memory."""
+    inv = load_inventory_arg(inventory)
+    with make_pool(ssh_config, known_hosts, accept_new_host_keys, parallel) as pool:
+        fan = pool.map(inv.hosts, lambda t: call_agent(t, "ps", {"job": job}).result["jobs"])
+    rows = [dict(j, host=h) for h in inv.names() if h in fan.succeeded for j in fan.succeeded[h]]
+    if as_json:
+        console.print_json(json.dumps({"jobs": rows, "failed": {k: v.to_json() for k, v in fan.failed.items()}}))
+    else:
+        table = Table("host", "job id", "node rank", "pids", "uptime", "GPU MiB", "detached")
+        for r in rows:
+            gpu = "-" if r["gpu_memory_mib"] is None else str(r["gpu_memory_mib"])
+            table.add_row(r["host"], r["job_id"], str(r["node_rank"]), " ".join(map(str, r["pids"])),
+                          f"{r['uptime_s']:.0f}s", gpu, "yes" if r["detached"] else "no")
+        console.print(table if rows else "no ddpctl jobs running")
+        report_failures(fan.failed)
+    raise typer.Exit(1 if fan.failed else 0)
+
+
+@handle_errors
+def down_command(
+    job: JobArg,
+    inventory: InventoryOpt = None,
+    grace: Annotated[float, typer.Option("--grace", min=0, help="Seconds between SIGTERM and SIGKILL.")] = 10.0,
+    as_json: JsonOpt = False,
+    ssh_config: SshConfigOpt = None,
+    known_hosts: KnownHostsOpt = None,
+    accept_new_host_keys: AcceptNewOpt = False,
+    parallel: ParallelOpt = 64,
+) -> None:
+    """Stop a job on every host, from any machine, and report what was killed."""
+    target, inv = resolve_target(job, inventory)
+    with make_pool(ssh_config, known_hosts, accept_new_host_keys, parallel) as pool:
+        fan = pool.map(inv.hosts, lambda t: call_agent(t, "down", {"job": target, "grace": grace},
+                                                        timeout=grace + 60).result["stopped"])
+    if as_json:
+        console.print_json(json.dumps({"stopped": fan.succeeded,
+                                       "failed": {k: v.to_json() for k, v in fan.failed.items()}}))
+    else:
+        total = 0
+        for host, stopped in fan.succeeded.items():
+            for s in stopped:
+                total += len(s["terminated"])
+                forced = f", {len(s['killed'])} needed SIGKILL" if s["killed"] else ""
+                console.print(f"{host}: stopped {s['job_id']}: {len(s['terminated'])} process(es){forced}",
+                              markup=False)
+                for pid, cmd in s["commands"].items():
+                    console.print(f"  pid {pid}: {cmd[:100]}", markup=False)
+        if not total:
+            console.print(f"no running process of {target} found on {len(fan.succeeded)} host(s)", markup=False)
+        report_failures(fan.failed)
+    raise typer.Exit(1 if fan.failed else 0)
+
+
+@handle_errors
+def logs_command(
+    job: JobArg,
+    inventory: InventoryOpt = None,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep streaming until the job ends.")] = False,
+    ssh_config: SshConfigOpt = None,
+    known_hosts: KnownHostsOpt = None,
+    accept_new_host_keys: AcceptNewOpt = False,
+    parallel: ParallelOpt = 64,
+) -> None:
+    """Replay (or follow) every host's output of a job, prefixed by host."""
+    target, inv = resolve_target(job, inventory)
+    lock = threading.Lock()
+    found: list[str] = []
+
+    def stream(transport: Any) -> None:
+        running = start_agent(transport, "logs", {"job": target, "follow": follow})
+        running.close_stdin()
+        for line in running.lines():
+            data = parse_line(line.text) if line.stream == "stdout" else None
+            if data is None:
+                with lock:
+                    console.print(Text(f"[{transport.host.name}] ", style="cyan") + Text(line.text),
+                                  highlight=False)
+            elif data["event"] == "result" and data["result"].get("found"):
+                found.append(transport.host.name)
+        running.wait()
+
+    with make_pool(ssh_config, known_hosts, accept_new_host_keys, parallel) as pool:
+        fan = pool.map(inv.hosts, stream)
+    report_failures(fan.failed)
+    if not found:
+        err_console.print(f"no logs of {target} on any host", highlight=False)
+    raise typer.Exit(0 if found and not fan.failed else 1)

@@ -1,0 +1,168 @@
+"""`ddpctl up`: load the job, plan it, pre-flight every host, launch, render, exit code."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.text import Text
+
+from inventory import ConfigError, JobOverrides, NprocSpec, load_job, parse_env_assignment
+from orchestrator.commands.common import (
+    AcceptNewOpt,
+    ConnectTimeoutOpt,
+    KnownHostsOpt,
+    ParallelOpt,
+    SshConfigOpt,
+    console,
+    err_console,
+    handle_errors,
+    is_terminal,
+    make_pool,
+)
+from orchestrator.launch import HostRun, HostState, Launch, RunResult, launch_detached
+from orchestrator.plan import LaunchPlan, build_plan, mask_env, new_job_id
+from orchestrator.preflight import LaunchBlocked, gather, resolve_nprocs, settle_master_port
+
+HOST_COLOURS = ["cyan", "magenta", "green", "yellow", "blue", "bright_red", "bright_cyan",
+                "bright_magenta", "bright_green", "bright_yellow"]
+STATE_STYLE = {HostState.CONNECTING: "dim", HostState.RUNNING: "green", HostState.STOPPING: "yellow",
+               HostState.EXITED: "green", HostState.FAILED: "bold red", HostState.LOST: "bold red"}
+
+
+def parse_nproc(value: str | None) -> NprocSpec | None:
+    if value is None:
+        return None
+    if value in ("gpu", "cpu", "auto"):
+        return value  # type: ignore[return-value]
+    try:
+        return int(value)
+    except ValueError:
+        raise ConfigError(f"--nproc-per-node must be an integer, gpu, cpu or auto, got {value!r}",
+                          key="--nproc-per-node", hint="e.g. --nproc-per-node 2") from None
+
+
+def parse_port(value: str | None) -> int | str | None:
+    if value is None or value == "auto":
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        raise ConfigError(f"--master-port must be a port number or auto, got {value!r}",
+                          key="--master-port", hint="e.g. --master-port 29521") from None
+
+
+class Printer:
+    """Renders launch progress: host-prefixed lines, colour per host on a terminal."""
+
+    def __init__(self, plan: LaunchPlan) -> None:
+        self.colour = {hl.host.name: HOST_COLOURS[i % len(HOST_COLOURS)] for i, hl in enumerate(plan.hosts)}
+        self.width = max(len(hl.host.name) for hl in plan.hosts)
+
+    def on_line(self, host: str, rank: str | None, text: str) -> None:
+        label = f"{host}:{rank}" if rank is not None else host
+        prefix = Text(f"[{label}]".ljust(self.width + 6), style=self.colour[host])
+        console.print(prefix + Text(text), markup=False, highlight=False)
+
+    def on_state(self, run: HostRun) -> None:
+        detail = f" (exit {run.exit_code})" if run.exit_code is not None else ""
+        detail += f": {run.error}" if run.error else ""
+        err_console.print(Text(f"ddpctl: {run.host} {run.state.value}{detail}",
+                               style=STATE_STYLE[run.state]))
+
+    def on_notice(self, text: str) -> None:
+        notice(text)
+
+
+def notice(text: str) -> None:
+    err_console.print(Text(f"ddpctl: {text}", style="bold"))
+
+
+def print_dry_run(plan: LaunchPlan) -> None:
+    console.print(f"job {plan.job.name} ({plan.job_id}): {len(plan.hosts)} host(s), world size "
+                  f"{plan.world_size}, master {plan.master_addr}:{plan.master_port}", markup=False)
+    for hl in plan.hosts:
+        where = "local" if hl.host.is_local else f"ssh {hl.host.address}"
+        console.print(f"\n[bold]{hl.host.name}[/] (node_rank {hl.node_rank}, {where}, cwd {hl.cwd})")
+        console.print("  command: " + hl.display(f"~/.ddpctl/runs/{plan.job_id}/node{hl.node_rank}/torchrun"),
+                      markup=False)
+        for key, value in sorted(mask_env(hl.env).items()):
+            console.print(f"  env: {key}={value}", markup=False)
+
+
+def print_failure(result: RunResult) -> None:
+    run = result.first_failure
+    if run is None:
+        return
+    err_console.print(Text(f"\nfirst failure: {run.host} (node_rank {run.node_rank})", style="bold red"))
+    if run.error:
+        err_console.print(f"  {run.error}", markup=False)
+    fe = run.first_error
+    if fe:
+        err_console.print(f"  local rank {fe.get('local_rank')}: {fe.get('message')}", markup=False)
+        for line in str(fe.get("traceback") or "").rstrip().splitlines()[-12:]:
+            err_console.print(f"    {line}", markup=False)
+    elif run.tail:
+        err_console.print("  last lines:", markup=False)
+        for line in run.tail[-12:]:
+            err_console.print(f"    {line}", markup=False)
+
+
+@handle_errors
+def up_command(
+    job_file: Annotated[Path, typer.Argument(help="The job file (job.toml).", show_default=False)],
+    nproc_per_node: Annotated[str | None, typer.Option("--nproc-per-node", help="int, gpu, cpu or auto.")] = None,
+    master_port: Annotated[str | None, typer.Option("--master-port", help="Port number or auto.")] = None,
+    env: Annotated[list[str] | None, typer.Option("--env", "-e", help="KEY=VALUE, repeatable.")] = None,
+    hosts: Annotated[str | None, typer.Option("--hosts", help="Comma-separated subset, in node-rank order.")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print each host's command and env; run nothing.")] = False,
+    detach: Annotated[bool, typer.Option("--detach", help="Start and return; see ddpctl ps/logs/down.")] = False,
+    free_port: Annotated[bool, typer.Option("--free-port", help="Kill a non-ddpctl holder of the master port.")] = False,
+    grace: Annotated[float, typer.Option("--grace", min=0, help="Seconds between SIGTERM and SIGKILL.")] = 10.0,
+    runs_dir: Annotated[Path, typer.Option("--runs-dir", help="Where run logs and summary.json go.")] = Path("runs"),
+    ssh_config: SshConfigOpt = None,
+    known_hosts: KnownHostsOpt = None,
+    accept_new_host_keys: AcceptNewOpt = False,
+    parallel: ParallelOpt = 64,
+    connect_timeout: ConnectTimeoutOpt = 10.0,
+) -> None:
+    """Launch torchrun on every host of the job, with the right node rank, and stream its output."""
+    overrides = JobOverrides(
+        nproc_per_node=parse_nproc(nproc_per_node), master_port=parse_port(master_port),  # type: ignore[arg-type]
+        env=tuple(parse_env_assignment(e) for e in env or ()),
+        hosts=tuple(h.strip() for h in hosts.split(",") if h.strip()) if hosts else None)
+    job = load_job(job_file, overrides)
+    job_id = new_job_id(job.name)
+    with make_pool(ssh_config, known_hosts, accept_new_host_keys, parallel, connect_timeout) as pool:
+        if dry_run:
+            nprocs = {h.name: (job.nproc_per_node if isinstance(job.nproc_per_node, int) else 0) for h in job.hosts}
+            port = job.rendezvous.master_port if isinstance(job.rendezvous.master_port, int) else 0
+            if not all(nprocs.values()) or not port:
+                facts = gather(job, pool)
+                nprocs = resolve_nprocs(job, facts)
+                port = port or facts[job.master_host.name].free_port or 0
+            print_dry_run(build_plan(job, job_id, nprocs, port))
+            return
+        facts = gather(job, pool)
+        nprocs = resolve_nprocs(job, facts)
+        try:
+            port = settle_master_port(job, pool, facts, free_port, notice)
+        except LaunchBlocked as exc:
+            err_console.print(f"[bold red]error:[/] {exc}", highlight=False)
+            raise typer.Exit(1) from None
+        plan = build_plan(job, job_id, nprocs, port)
+        run_dir = runs_dir / job_id
+        printer = Printer(plan)
+        printer.on_notice(f"job {job_id}: {len(plan.hosts)} host(s) × nproc {sorted(set(nprocs.values()))}, "
+                          f"world size {plan.world_size}, master {plan.master_addr}:{port}; logs in {run_dir}")
+        if detach:
+            out = launch_detached(plan, pool, run_dir, grace, printer.on_notice)
+            printer.on_notice(f"detached: started on {len(out['started'])} host(s). "
+                              f"Follow: ddpctl logs {job_id} -f; stop: ddpctl down {job_id}")
+            raise typer.Exit(0 if not out["failed"] else 1)
+        result = Launch(plan, pool, printer, run_dir, grace=grace).run()
+    print_failure(result)
+    verdict = "succeeded" if result.exit_code == 0 else f"failed (exit {result.exit_code})"
+    err_console.print(f"ddpctl: job {result.job_id} {verdict}; logs: {result.run_dir}", highlight=False)
+    raise typer.Exit(result.exit_code)

@@ -1,0 +1,109 @@
+"""Pure launch planning: job ids, node ranks, the exact torchrun argv per host, masked env."""
+
+from __future__ import annotations
+
+import re
+import secrets
+import shlex
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from inventory import Host, Job
+
+SECRET_PATTERN = re.compile(r"TOKEN|KEY|PASSWORD|PASSWD|SECRET|CREDENTIAL", re.IGNORECASE)
+MASK = "***"
+
+
+def new_job_id(name: str) -> str:
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "-", name)[:40] or "job"
+    return f"{safe}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+
+
+def mask_env(env: Mapping[str, str]) -> dict[str, str]:
+    return {k: (MASK if SECRET_PATTERN.search(k) else v) for k, v in env.items()}
+
+
+@dataclass(frozen=True)
+class HostLaunch:
+    """What runs on one host: the torchrun launcher argv, the program argv, env and workdir."""
+
+    host: Host
+    node_rank: int
+    nproc: int
+    launcher: tuple[str, ...]  # python -m torch.distributed.run + its options
+    program: tuple[str, ...]  # script (or -m module) + the job's args
+    env: Mapping[str, str]
+    cwd: str
+
+    def argv(self, log_dir: str | None = None) -> list[str]:
+        extra = ["--log-dir", log_dir] if log_dir else []
+        return [*self.launcher, *extra, *self.program]
+
+    def display(self, log_dir: str | None = None) -> str:
+        """The command as a shell line; log_dir is shown as given (it may start with ~)."""
+        extra = f" --log-dir {log_dir}" if log_dir else ""
+        return shlex.join(self.launcher) + extra + " " + shlex.join(self.program)
+
+    def rank_of(self, local_rank: int) -> int:
+        return self.node_rank * self.nproc + local_rank
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    job: Job
+    job_id: str
+    master_addr: str
+    master_port: int
+    hosts: tuple[HostLaunch, ...]
+
+    @property
+    def world_size(self) -> int:
+        return sum(h.nproc for h in self.hosts)
+
+
+def program_argv(job: Job) -> list[str]:
+    """The script (or module, after torchrun's --module flag) and the job's own arguments."""
+    return [job.module or job.script or "", *job.args]
+
+
+def launcher_argv(job: Job, host: Host, node_rank: int, nproc: int, master_addr: str,
+                  master_port: int, job_id: str) -> list[str]:
+    argv = [host.python, "-m", "torch.distributed.run", "--nnodes", str(len(job.hosts)),
+            "--nproc-per-node", str(nproc)]
+    if job.rendezvous.backend == "c10d":
+        argv += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"{_bracket(master_addr)}:{master_port}",
+                 "--rdzv-id", job_id]
+    else:
+        argv += ["--node-rank", str(node_rank), "--master-addr", master_addr,
+                 "--master-port", str(master_port)]
+    argv += ["--max-restarts", "0", "--tee", "3"]
+    if job.module:
+        argv.append("--module")
+    return argv
+
+
+def _bracket(addr: str) -> str:
+    return f"[{addr}]" if ":" in addr else addr
+
+
+def host_env(job: Job, host: Host, job_id: str) -> dict[str, str]:
+    env = {**host.env, **job.env}
+    env["DDPCTL_JOB_ID"] = job_id
+    return env
+
+
+def build_plan(job: Job, job_id: str, nprocs: Mapping[str, int], master_port: int) -> LaunchPlan:
+    """One HostLaunch per selected host, in node-rank order. `nprocs` is resolved per host."""
+    master_addr = "127.0.0.1" if all(h.is_local for h in job.hosts) else job.master_address
+    launches = []
+    for rank, host in enumerate(job.hosts):
+        nproc = nprocs[host.name]
+        launches.append(HostLaunch(
+            host=host, node_rank=rank, nproc=nproc,
+            launcher=tuple(launcher_argv(job, host, rank, nproc, master_addr, master_port, job_id)),
+            program=tuple(program_argv(job)), env=host_env(job, host, job_id),
+            cwd=job.workdir_for(host),
+        ))
+    return LaunchPlan(job=job, job_id=job_id, master_addr=master_addr, master_port=master_port,
+                      hosts=tuple(launches))
