@@ -147,8 +147,8 @@ class Supervisor:
             message = data.get("message", {})
             extra = message.get("extraInfo", {}) if isinstance(message, dict) else {}
             errors.append({
-                "local_rank": path.parent.name,
-                "timestamp": int(extra.get("timestamp", 0) or 0),
+                "local_rank": int(path.parent.name) if path.parent.name.isdigit() else path.parent.name,
+                "timestamp": path.stat().st_mtime,
                 "message": message.get("message") if isinstance(message, dict) else str(message),
                 "traceback": extra.get("py_callstack", ""),
                 "file": str(path),

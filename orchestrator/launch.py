@@ -62,6 +62,7 @@ class RunResult:
     exit_code: int
     first_failure: HostRun | None
     interrupted: bool = False
+    nprocs: dict[str, int] = field(default_factory=dict)
 
 
 class Callbacks(Protocol):
@@ -258,7 +259,8 @@ class Launch:
         code = 0 if ok else (130 if interrupted else 1)
         if len(runs) == 1 and runs[0].exit_code not in (None, 0) and not interrupted:
             code = runs[0].exit_code  # a single host: torchrun's own exit code
-        result = RunResult(self.plan.job_id, self.run_dir, runs, code, self.first_failure, interrupted)
+        result = RunResult(self.plan.job_id, self.run_dir, runs, code, self.first_failure, interrupted,
+                           {hl.host.name: hl.nproc for hl in self.plan.hosts})
         write_summary(self.plan, result)
         return result
 

@@ -62,7 +62,7 @@ def _known_hosts_files(conn: fabric.Connection, options: SshOptions) -> list[Pat
     files = list(options.known_hosts)
     configured = conn.ssh_config.get("userknownhostsfile")
     if configured:
-        files += [Path(p).expanduser() for p in configured.split()]
+        files += [Path(p.strip('"')).expanduser() for p in shlex.split(configured)]
     else:
         files.append(Path("~/.ssh/known_hosts").expanduser())
     return files
@@ -90,12 +90,16 @@ def _fabric_config(options: SshOptions) -> fabric.Config:
 
 
 def make_connection(host: Host, options: SshOptions) -> fabric.Connection:
+    """A connection configured like `ssh <name>`: the name's ssh_config block applies; without a
+    HostName there, the inventory's address is dialled."""
     timeout = int(max(1, options.connect_timeout))
     conn = fabric.Connection(
-        host.address, user=host.user, port=host.port, config=_fabric_config(options),
+        host.name, user=host.user, port=host.port, config=_fabric_config(options),
         connect_timeout=timeout,
         connect_kwargs={"banner_timeout": timeout, "auth_timeout": timeout, "allow_agent": True},
     )
+    if "hostname" not in conn.ssh_config:
+        conn.host = host.address
     _secure(conn, options)
     return conn
 

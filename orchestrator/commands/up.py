@@ -100,7 +100,10 @@ def print_failure(result: RunResult) -> None:
         err_console.print(f"  {run.error}", markup=False)
     fe = run.first_error
     if fe:
-        err_console.print(f"  local rank {fe.get('local_rank')}: {fe.get('message')}", markup=False)
+        local = fe.get("local_rank")
+        nproc = result.nprocs.get(run.host) if isinstance(local, int) else None
+        rank = f"rank {run.node_rank * nproc + local} (local rank {local})" if nproc else f"local rank {local}"
+        err_console.print(f"  {rank}: {fe.get('message')}", markup=False)
         for line in str(fe.get("traceback") or "").rstrip().splitlines()[-12:]:
             err_console.print(f"    {line}", markup=False)
     elif run.tail:

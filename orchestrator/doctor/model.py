@@ -1,0 +1,142 @@
+"""Doctor's typed data: the context it checks, per-host facts, probe outcomes, findings, report."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from inventory import Host
+from orchestrator.errors import HostError
+
+
+class CheckStatus(str, enum.Enum):
+    OK = "ok"
+    INFO = "info"
+    SKIP = "skip"
+    WARN = "warn"
+    FAIL = "fail"
+
+    @property
+    def rank(self) -> int:
+        return _RANK[self]
+
+
+_RANK = {CheckStatus.SKIP: 0, CheckStatus.OK: 1, CheckStatus.INFO: 2, CheckStatus.WARN: 3,
+         CheckStatus.FAIL: 4}
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One result of one check on one host (host None: about the whole cluster)."""
+
+    check: str
+    status: CheckStatus
+    host: str | None
+    message: str
+    evidence: str = ""
+    fix: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"check": self.check, "status": self.status.value, "host": self.host,
+                "message": self.message, "evidence": self.evidence, "fix": self.fix}
+
+
+@dataclass(frozen=True)
+class DoctorContext:
+    """What doctor checks: the hosts (first = master unless named), rendezvous and job env."""
+
+    hosts: tuple[Host, ...]
+    master: Host
+    master_addr: str
+    master_port: int | None  # None: "auto" (a free port is picked at launch)
+    workdirs: Mapping[str, str]  # host name -> workdir
+    script: str | None = None  # relative to workdir
+    env: Mapping[str, str] = field(default_factory=dict)  # the job's env (wins over the host's)
+    nproc_per_node: object = 1
+    connect_timeout_s: float = 3.0
+    timeout_s: float = 120.0
+
+    def host_env(self, host: Host, host_facts_env: Mapping[str, str]) -> dict[str, str]:
+        """The env a launched process sees: host env < inventory env < job env."""
+        return {**host_facts_env, **host.env, **self.env}
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    """The facts op's answer for one host, with the round trip's timing."""
+
+    host: str
+    facts: Mapping[str, Any]
+    errors: Mapping[str, str]
+    sent_at: float  # orchestrator wall clock before the call
+    received_at: float  # ... and after it
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return self.facts.get(name, default)
+
+
+@dataclass(frozen=True)
+class ProbeOutcome:
+    """One TCP connect of the probe phase: `source` dialed `target_host` at `address:port`."""
+
+    source: str
+    target_host: str
+    address: str
+    port: int
+    purpose: str  # "master_port" or "ephemeral"
+    ok: bool
+    kind: str  # ok / refused / timeout / unreachable / unresolved / error / not_listening
+    error: str = ""
+
+
+@dataclass
+class ProbeResults:
+    outcomes: list[ProbeOutcome] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)  # purpose -> why not run
+    errors: dict[str, str] = field(default_factory=dict)  # host -> probe agent failure
+
+
+@dataclass(frozen=True)
+class Observations:
+    """Everything the checks read: pure input, no connections."""
+
+    ctx: DoctorContext
+    facts: Mapping[str, HostFacts]
+    failed: Mapping[str, HostError]
+    probes: ProbeResults
+
+
+@dataclass
+class Report:
+    hosts: list[str]
+    checks: list[str]
+    findings: list[Finding]
+    elapsed_s: float = 0.0
+
+    def cell(self, host: str, check: str) -> CheckStatus:
+        """The worst status of `check` on `host` (cluster-wide findings count for every host)."""
+        statuses = [f.status for f in self.findings
+                    if f.check == check and f.host in (host, None)]
+        return max(statuses, key=lambda s: s.rank, default=CheckStatus.SKIP)
+
+    def count(self, status: CheckStatus) -> int:
+        return sum(1 for f in self.findings if f.status == status)
+
+    def exit_code(self, strict: bool = False) -> int:
+        if self.count(CheckStatus.FAIL) or (strict and self.count(CheckStatus.WARN)):
+            return 1
+        return 0
+
+    def to_json(self, strict: bool = False) -> dict[str, Any]:
+        return {
+            "ok": self.exit_code(strict) == 0,
+            "exit_code": self.exit_code(strict),
+            "hosts": self.hosts,
+            "checks": self.checks,
+            "table": {h: {c: self.cell(h, c).value for c in self.checks} for h in self.hosts},
+            "summary": {s.value: self.count(s) for s in CheckStatus},
+            "findings": [f.to_json() for f in self.findings],
+            "elapsed_s": round(self.elapsed_s, 3),
+        }
