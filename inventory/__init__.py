@@ -1,6 +1,10 @@
 """What the cluster and the job are: frozen dataclasses and TOML loading with located errors."""
 
 from inventory.errors import ConfigError
+from inventory.hostfile import load_hostfile
+from inventory.hostrange import expand_hostnames
+from inventory.jobfile import load_job, parse_env_assignment
+from inventory.loading import load_inventory
 from inventory.model import (
     LOCALHOST,
     Host,
@@ -21,5 +25,10 @@ __all__ = [
     "JobOverrides",
     "NprocSpec",
     "Rendezvous",
+    "expand_hostnames",
+    "load_hostfile",
+    "load_inventory",
+    "load_job",
     "local_inventory",
+    "parse_env_assignment",
 ]

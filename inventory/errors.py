@@ -27,7 +27,8 @@ class ConfigError(Exception):
                     loc += f":{self.column}"
             parts.append(loc)
         if self.key:
-            parts.append(f"key {self.key}")
+            # a key starting with "-" is a command-line flag (an override), not a file key
+            parts.append(f"option {self.key}" if self.key.startswith("-") else f"key {self.key}")
         return ", ".join(parts)
 
     def __str__(self) -> str:

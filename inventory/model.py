@@ -7,10 +7,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Literal, Union
+from typing import Literal
 
-NprocSpec = Union[int, Literal["gpu", "cpu", "auto"]]
-GpuSpec = Union[int, Literal["auto"]]
+NprocSpec = int | Literal["gpu", "cpu", "auto"]
+GpuSpec = int | Literal["auto"]
 
 LOCAL_ADDRESSES = frozenset({"localhost", "127.0.0.1", "::1"})
 

@@ -134,7 +134,7 @@ def up_command(
     overrides = JobOverrides(
         nproc_per_node=parse_nproc(nproc_per_node), master_port=parse_port(master_port),  # type: ignore[arg-type]
         env=tuple(parse_env_assignment(e) for e in env or ()),
-        hosts=tuple(h.strip() for h in hosts.split(",") if h.strip()) if hosts else None)
+        hosts=(hosts,) if hosts else None)
     job = load_job(job_file, overrides)
     job_id = new_job_id(job.name)
     with make_pool(ssh_config, known_hosts, accept_new_host_keys, parallel, connect_timeout) as pool:

@@ -1,0 +1,207 @@
+"""Typed validators for config values: each returns the value or raises a located ConfigError."""
+
+from __future__ import annotations
+
+import datetime
+import difflib
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from inventory.model import GpuSpec, NprocSpec
+from inventory.tomlsource import Reporter, join_key
+
+NPROC_WORDS = ("gpu", "cpu", "auto")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_TOKEN_BAD = re.compile(r"[\s\x00-\x1f\x7f]")
+
+
+def describe(value: object) -> str:
+    """Human description of a TOML value for 'expected X, got Y' messages."""
+    if isinstance(value, bool):
+        return f"boolean {str(value).lower()}"
+    if isinstance(value, int):
+        return f"integer {value}"
+    if isinstance(value, float):
+        return f"float {value}"
+    if isinstance(value, str):
+        return f'string "{value}"'
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, dict):
+        return "a table"
+    if isinstance(value, datetime.date | datetime.time):
+        return f"date/time {value.isoformat()}"
+    return type(value).__name__
+
+
+def suggest(word: str, choices: Iterable[str]) -> str | None:
+    """'did you mean "x"?' for the closest choice, or None."""
+    close = difflib.get_close_matches(word, list(choices), n=3, cutoff=0.6)
+    if not close:
+        return None
+    return "did you mean " + " or ".join(f'"{c}"' for c in close) + "?"
+
+
+def check_keys(
+    src: Reporter, prefix: str, table: Mapping[str, Any], allowed: Iterable[str]
+) -> None:
+    """Reject keys outside `allowed`, suggesting the closest allowed name."""
+    allowed = tuple(allowed)
+    for name in table:
+        if name in allowed:
+            continue
+        key = join_key(prefix, name)
+        where = f"in [{prefix}]" if prefix else "at the top level"
+        hint = suggest(name, allowed) or "allowed keys: " + ", ".join(allowed)
+        raise src.key_error(key, f'unknown key "{name}" {where}', hint)
+
+
+def expect_table(src: Reporter, key: str, value: object) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise src.error(key, f"expected a table, got {describe(value)}", f"write it as [{key}]")
+    return value
+
+
+def expect_str(src: Reporter, key: str, value: object) -> str:
+    """A non-empty string; numbers and booleans get a 'quote it' hint."""
+    if not isinstance(value, str):
+        hint = f'quote it: "{_toml_text(value)}"' if _scalar(value) else "write a quoted string"
+        raise src.error(key, f"expected a string, got {describe(value)}", hint, value=value)
+    if not value.strip():
+        raise src.error(key, "must not be empty", "give a non-empty string", value=value)
+    return value
+
+
+def expect_token(src: Reporter, key: str, value: object) -> str:
+    """A string safe to pass as one SSH argument: no whitespace, no leading '-'."""
+    text = expect_str(src, key, value)
+    if _TOKEN_BAD.search(text):
+        raise src.error(key, f'"{text}" contains whitespace or control characters', value=text)
+    if text.startswith("-"):
+        raise src.error(
+            key, f'"{text}" starts with "-"', "names must not look like options", value=text
+        )
+    return text
+
+
+def expect_int(
+    src: Reporter, key: str, value: object, minimum: int | None = None, maximum: int | None = None
+) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        hint = f"write it without quotes: {key.rsplit('.', 1)[-1]} = {value}"
+        if not (isinstance(value, str) and value.strip().isdigit()):
+            hint = "write a whole number"
+        raise src.error(key, f"expected an integer, got {describe(value)}", hint, value=value)
+    if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
+        raise src.error(key, f"{value} is out of range", _range_hint(minimum, maximum))
+    return value
+
+
+def expect_port(src: Reporter, key: str, value: object, allow_auto: bool = False) -> int | str:
+    """A TCP port 1..65535, or "auto" when `allow_auto`."""
+    if allow_auto and value == "auto":
+        return "auto"
+    if isinstance(value, int) and not isinstance(value, bool) and not 1 <= value <= 65535:
+        extra = ' or "auto"' if allow_auto else ""
+        raise src.error(
+            key, f"port {value} is outside 1-65535", f"use a port between 1 and 65535{extra}"
+        )
+    if allow_auto and isinstance(value, str) and not value.strip().isdigit():
+        raise src.error(
+            key, f'expected a port number or "auto", got {describe(value)}', value=value
+        )
+    return expect_int(src, key, value, 1, 65535)
+
+
+def expect_gpus(src: Reporter, key: str, value: object) -> GpuSpec:
+    """A GPU count >= 0, or "auto" (detect on the host)."""
+    if value == "auto":
+        return "auto"
+    if isinstance(value, str):
+        raise src.error(key, f'expected a GPU count or "auto", got {describe(value)}', value=value)
+    return expect_int(src, key, value, 0, None)
+
+
+def expect_nproc(src: Reporter, key: str, value: object) -> NprocSpec:
+    """Processes per node: an integer >= 1, or "gpu" / "cpu" / "auto"."""
+    if isinstance(value, str) and value in NPROC_WORDS:
+        return value  # type: ignore[return-value]
+    if isinstance(value, str) and not value.strip().isdigit():
+        choice = suggest(value, NPROC_WORDS)
+        words = ", ".join(f'"{w}"' for w in NPROC_WORDS)
+        raise src.error(
+            key,
+            f"expected an integer >= 1 or one of {words}, got {describe(value)}",
+            choice or f"use a number of processes per host, or one of {words}",
+            value=value,
+        )
+    if isinstance(value, int) and not isinstance(value, bool) and value < 1:
+        raise src.error(
+            key,
+            f"nproc_per_node must be at least 1, got {value}",
+            'use 1 or more, or "gpu" for one process per GPU',
+        )
+    return expect_int(src, key, value, 1, None)
+
+
+def expect_env_name(src: Reporter, key: str, name: str) -> str:
+    if not _ENV_NAME.match(name):
+        raise src.error(
+            key,
+            f'"{name}" is not a valid environment variable name',
+            "use letters, digits and _ only, not starting with a digit",
+            value=name,
+        )
+    return name
+
+
+def expect_env(src: Reporter, key: str, value: object) -> dict[str, str]:
+    """A table of NAME = "value" strings; numbers/booleans are refused with a 'quote it' hint."""
+    table = expect_table(src, key, value)
+    env: dict[str, str] = {}
+    for name, raw in table.items():
+        item_key = join_key(key, name)
+        expect_env_name(src, item_key, name)
+        if not isinstance(raw, str):
+            hint = (
+                f'quote it: {name} = "{_toml_text(raw)}"'
+                if _scalar(raw)
+                else "environment values must be strings"
+            )
+            raise src.error(item_key, f"expected a string, got {describe(raw)}", hint, value=raw)
+        env[name] = raw
+    return env
+
+
+def expect_str_list(src: Reporter, key: str, value: object) -> list[str]:
+    """An array of strings (elements may be empty: they are passed through as arguments)."""
+    if not isinstance(value, list):
+        raise src.error(
+            key, f"expected an array of strings, got {describe(value)}", 'write ["a", "b"]'
+        )
+    out: list[str] = []
+    for i, item in enumerate(value):
+        if not isinstance(item, str):
+            hint = f'quote it: "{_toml_text(item)}"' if _scalar(item) else "use strings only"
+            raise src.error(
+                f"{key}[{i}]", f"expected a string, got {describe(item)}", hint, value=item
+            )
+        out.append(item)
+    return out
+
+
+def _scalar(value: object) -> bool:
+    return isinstance(value, bool | int | float)
+
+
+def _toml_text(value: object) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _range_hint(minimum: int | None, maximum: int | None) -> str:
+    if minimum is not None and maximum is not None:
+        return f"use a value between {minimum} and {maximum}"
+    if minimum is not None:
+        return f"use a value of at least {minimum}"
+    return f"use a value of at most {maximum}"

@@ -1,0 +1,373 @@
+"""Load a job file (what to run, on which hosts, how to rendezvous) and apply CLI overrides."""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from dataclasses import dataclass, replace
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Literal
+
+from inventory.errors import ConfigError
+from inventory.fields import (
+    check_keys,
+    describe,
+    expect_env,
+    expect_env_name,
+    expect_nproc,
+    expect_port,
+    expect_str,
+    expect_str_list,
+    expect_table,
+    suggest,
+)
+from inventory.hostrange import expand_hostnames
+from inventory.loading import load_inventory
+from inventory.model import (
+    Host,
+    Inventory,
+    Job,
+    JobOverrides,
+    NprocSpec,
+    Rendezvous,
+    local_inventory,
+)
+from inventory.tomlsource import FlagReporter, Reporter, TomlFile, read_toml
+
+JOB_FILE_KEYS = ("inventory", "job", "rendezvous", "env")
+JOB_KEYS = ("name", "script", "module", "args", "nproc_per_node", "hosts")
+RENDEZVOUS_KEYS = ("master_addr", "master_port", "backend")
+BACKENDS = ("static", "c10d")
+DEFAULT_MASTER_PORT = 29500
+
+FLAG_NPROC = "--nproc-per-node"
+FLAG_MASTER_PORT = "--master-port"
+FLAG_ENV = "--env"
+FLAG_HOSTS = "--hosts"
+
+_JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_MODULE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+
+
+@dataclass(frozen=True)
+class _Spec:
+    """Everything read from the job file, before overrides and cross-checks."""
+
+    nproc: NprocSpec
+    master_addr: str | None
+    master_port: int | Literal["auto"]
+    backend: Literal["static", "c10d"]
+    env: dict[str, str]
+    hosts: tuple[Host, ...]
+    hosts_from_flag: bool = False
+
+
+@dataclass(frozen=True)
+class _Entrypoint:
+    """Exactly one of script / module."""
+
+    script: str | None = None
+    module: str | None = None
+
+
+@dataclass(frozen=True)
+class _Problem:
+    message: str
+    hint: str
+
+
+def parse_env_assignment(text: str) -> tuple[str, str]:
+    """Split a `-e KEY=VALUE` argument; the value may be empty and may contain '='."""
+    name, sep, value = text.partition("=")
+    if not sep:
+        raise ConfigError(
+            f'"{text}" is not KEY=VALUE',
+            key=FLAG_ENV,
+            hint="write -e NAME=value, e.g. -e NCCL_DEBUG=INFO",
+        )
+    expect_env_name(FlagReporter(FLAG_ENV), FLAG_ENV, name)
+    return name, value
+
+
+def load_job(path: Path, overrides: JobOverrides | None = None) -> Job:
+    """Read the job file at `path`, load its inventory, apply `overrides`, validate the result."""
+    path = Path(path)
+    doc = read_toml(path, "job file")
+    base_dir = path.resolve().parent
+    check_keys(doc, "", doc.data, JOB_FILE_KEYS)
+    inventory = _job_inventory(doc, base_dir)
+    section = _job_section(doc)
+    entry = _entrypoint(doc, section)
+    name = _job_name(doc, section, path)
+    args = section.get("args")
+    arg_list = tuple(expect_str_list(doc, "job.args", args)) if args is not None else ()
+    spec = _read_spec(doc, section, inventory)
+    if overrides is not None:
+        spec = _apply_overrides(spec, overrides, inventory)
+    _check_master(doc, spec, inventory)
+    if entry.script is not None:
+        _check_script(doc, entry.script, base_dir, spec.hosts)
+    return Job(
+        name=name,
+        inventory=inventory,
+        hosts=spec.hosts,
+        script=entry.script,
+        module=entry.module,
+        args=arg_list,
+        nproc_per_node=spec.nproc,
+        rendezvous=Rendezvous(spec.master_addr, spec.master_port, spec.backend),
+        env=MappingProxyType(dict(spec.env)),
+        source=path,
+        base_dir=base_dir,
+    )
+
+
+def _job_inventory(doc: TomlFile, base_dir: Path) -> Inventory:
+    if "inventory" not in doc.data:
+        return local_inventory()
+    text = expect_str(doc, "inventory", doc.data["inventory"])
+    inv_path = base_dir / Path(text).expanduser()
+    if not inv_path.is_file():
+        raise doc.error(
+            "inventory",
+            f"inventory file not found: {inv_path}",
+            f"the path is relative to the job file's directory ({base_dir}); "
+            "omit inventory to run on this machine only",
+        )
+    return load_inventory(inv_path)
+
+
+def _job_section(doc: TomlFile) -> dict[str, Any]:
+    if "job" not in doc.data:
+        raise ConfigError(
+            "job file has no [job] table",
+            file=doc.path,
+            key="job",
+            hint='add:  [job]  script = "train.py"',
+        )
+    section = expect_table(doc, "job", doc.data["job"])
+    check_keys(doc, "job", section, JOB_KEYS)
+    return section
+
+
+def _job_name(doc: TomlFile, section: dict[str, Any], path: Path) -> str:
+    if "name" not in section:
+        return re.sub(r"[^A-Za-z0-9._-]", "-", path.stem).lstrip("._-") or "job"
+    name = expect_str(doc, "job.name", section["name"])
+    if not _JOB_NAME.match(name):
+        raise doc.error(
+            "job.name",
+            f'job name "{name}" has characters other than letters, digits, ".", "_", "-"',
+            'it is used as the rendezvous id and in log paths; use e.g. "toy-run"',
+            value=name,
+        )
+    return name
+
+
+def _entrypoint(doc: TomlFile, section: dict[str, Any]) -> _Entrypoint:
+    has_script, has_module = "script" in section, "module" in section
+    if has_script and has_module:
+        raise doc.key_error(
+            "job.module", "job sets both script and module", "keep exactly one of them"
+        )
+    if not (has_script or has_module):
+        raise doc.key_error(
+            "job",
+            "job has neither script nor module",
+            'add script = "train.py" or module = "pkg.train"',
+        )
+    if has_script:
+        return _Entrypoint(script=expect_str(doc, "job.script", section["script"]))
+    module = expect_str(doc, "job.module", section["module"])
+    if not _MODULE.match(module):
+        raise doc.error(
+            "job.module",
+            f'"{module}" is not a Python module path',
+            'write e.g. "pkg.train"',
+            value=module,
+        )
+    return _Entrypoint(module=module)
+
+
+def _read_spec(doc: TomlFile, section: dict[str, Any], inventory: Inventory) -> _Spec:
+    rdzv: dict[str, Any] = {}
+    if "rendezvous" in doc.data:
+        rdzv = expect_table(doc, "rendezvous", doc.data["rendezvous"])
+        check_keys(doc, "rendezvous", rdzv, RENDEZVOUS_KEYS)
+    backend = rdzv.get("backend", "static")
+    if backend not in BACKENDS:
+        raise doc.error(
+            "rendezvous.backend",
+            f'backend must be "static" or "c10d", got {describe(backend)}',
+            suggest(str(backend), BACKENDS) or 'use "static" (fixed hosts) or "c10d"',
+            value=backend,
+        )
+    master_addr = rdzv.get("master_addr")
+    hosts = section.get("hosts")
+    return _Spec(
+        nproc=expect_nproc(doc, "job.nproc_per_node", section.get("nproc_per_node", 1)),
+        master_addr=expect_str(doc, "rendezvous.master_addr", master_addr)
+        if master_addr is not None
+        else None,
+        master_port=expect_port(  # type: ignore[arg-type]
+            doc, "rendezvous.master_port", rdzv.get("master_port", DEFAULT_MASTER_PORT), True
+        ),
+        backend=backend,
+        env=expect_env(doc, "env", doc.data["env"]) if "env" in doc.data else {},
+        hosts=select_hosts(doc, "job.hosts", hosts, inventory)
+        if hosts is not None
+        else inventory.hosts,
+    )
+
+
+def _apply_overrides(spec: _Spec, overrides: JobOverrides, inventory: Inventory) -> _Spec:
+    """Command-line values replace file values; each is validated and blamed on its flag."""
+    if overrides.nproc_per_node is not None:
+        value = _digits_to_int(overrides.nproc_per_node)
+        spec = replace(spec, nproc=expect_nproc(FlagReporter(FLAG_NPROC), FLAG_NPROC, value))
+    if overrides.master_port is not None:
+        value = _digits_to_int(overrides.master_port)
+        port = expect_port(FlagReporter(FLAG_MASTER_PORT), FLAG_MASTER_PORT, value, True)
+        spec = replace(spec, master_port=port)  # type: ignore[arg-type]
+    if overrides.env:
+        env = dict(spec.env)
+        flag = FlagReporter(FLAG_ENV)
+        for name, value in overrides.env:
+            env[expect_env_name(flag, FLAG_ENV, name)] = str(value)
+        spec = replace(spec, env=env)
+    if overrides.hosts is not None:
+        entries = [part for item in overrides.hosts for part in split_host_list(item)]
+        hosts = select_hosts(FlagReporter(FLAG_HOSTS), FLAG_HOSTS, entries, inventory)
+        spec = replace(spec, hosts=hosts, hosts_from_flag=True)
+    return spec
+
+
+def split_host_list(text: str) -> list[str]:
+    """Split "a,b,n[1,3-4]" on the commas outside brackets."""
+    parts: list[str] = []
+    depth, start = 0, 0
+    for i, ch in enumerate(text):
+        depth += {"[": 1, "]": -1}.get(ch, 0)
+        if ch == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    parts.append(text[start:])
+    return [p.strip() for p in parts if p.strip()]
+
+
+def select_hosts(
+    rep: Reporter, key: str, entries: object, inventory: Inventory
+) -> tuple[Host, ...]:
+    """Resolve host names/addresses (ranges allowed) to inventory hosts, keeping their order."""
+    names = expect_str_list(rep, key, entries)
+    if not names:
+        raise rep.error(key, "host list is empty", "list at least one host, or omit it to use all")
+    chosen: list[Host] = []
+    for i, entry in enumerate(names):
+        item_key = key if key.startswith("-") else f"{key}[{i}]"
+        try:
+            expanded = expand_hostnames(entry)
+        except ValueError as exc:
+            raise rep.error(item_key, str(exc), value=entry) from None
+        for name in expanded:
+            host = inventory.get(name)
+            if host is None:
+                problem = _unknown_host(name, inventory)
+                raise rep.error(item_key, problem.message, problem.hint, value=entry)
+            if host in chosen:
+                raise rep.error(
+                    item_key,
+                    f'host "{host.name}" is selected twice',
+                    "list each host once",
+                    value=entry,
+                )
+            chosen.append(host)
+    return tuple(chosen)
+
+
+def _unknown_host(name: str, inventory: Inventory) -> _Problem:
+    where = str(inventory.source) if inventory.source else "the built-in localhost inventory"
+    known = inventory.names() + [h.address for h in inventory.hosts]
+    hint = suggest(name, known)
+    if hint is None:
+        shown = ", ".join(inventory.names()[:8]) + (", ..." if len(inventory.hosts) > 8 else "")
+        hint = f"known hosts: {shown}"
+    return _Problem(f'host "{name}" is not in the inventory ({where})', hint)
+
+
+def _check_master(doc: TomlFile, spec: _Spec, inventory: Inventory) -> None:
+    """master_addr must name a selected host (node_rank 0 for static), or be an IP literal."""
+    addr = spec.master_addr
+    if addr is None:
+        return
+    key = "rendezvous.master_addr"
+    via = " (the hosts chosen with --hosts)" if spec.hosts_from_flag else ""
+    host = inventory.get(addr)
+    if host is None:
+        if _is_ip(addr):
+            return  # another interface of the master, outside the inventory
+        problem = _unknown_host(addr, inventory)
+        raise doc.error(
+            key,
+            f"master_addr: {problem.message}",
+            problem.hint + " (or give an IP address)",
+            value=addr,
+        )
+    if host not in spec.hosts:
+        raise doc.error(
+            key,
+            f'master_addr "{addr}" is not one of the selected hosts{via}',
+            "select it (first) in job.hosts, or omit master_addr to use the first host",
+            value=addr,
+        )
+    if spec.backend == "static" and host != spec.hosts[0]:
+        raise doc.error(
+            key,
+            f'with backend "static" torchrun hosts the rendezvous store on node_rank 0, '
+            f'but master_addr "{addr}" is node_rank {spec.hosts.index(host)}{via}',
+            f'list "{host.name}" first in the host list, omit master_addr, or use backend = "c10d"',
+            value=addr,
+        )
+
+
+def _check_script(doc: TomlFile, script: str, base_dir: Path, hosts: tuple[Host, ...]) -> None:
+    """The script must exist where a host without its own workdir (or a local host) runs it."""
+    for looked_at in _script_paths(script, base_dir, hosts):
+        if not looked_at.is_file():
+            raise doc.error(
+                "job.script",
+                f"script not found: {looked_at}",
+                "job.script is relative to the job file's directory (or to the workdir of a "
+                "local host that sets one); fix the path or create the file",
+                value=script,
+            )
+
+
+def _script_paths(script: str, base_dir: Path, hosts: tuple[Host, ...]) -> list[Path]:
+    """Paths this machine can check: the job dir (hosts without workdir), local workdirs."""
+    paths: list[Path] = []
+    for host in hosts:
+        if host.workdir is None:
+            path = base_dir / script
+        elif host.is_local and Path(host.workdir).expanduser().is_absolute():
+            path = Path(host.workdir).expanduser() / script
+        else:
+            continue  # a remote workdir: only the host itself can tell
+        if path not in paths:
+            paths.append(path)
+    return paths
+
+
+def _digits_to_int(value: object) -> object:
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value)
+    return value
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True

@@ -1,0 +1,200 @@
+"""Load an inventory: a TOML file with [defaults] and [[hosts]], or a plain hostfile."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from inventory.errors import ConfigError
+from inventory.fields import (
+    check_keys,
+    expect_env,
+    expect_gpus,
+    expect_int,
+    expect_port,
+    expect_str,
+    expect_table,
+    expect_token,
+)
+from inventory.hostfile import load_hostfile
+from inventory.hostrange import expand_hostnames, is_range_pattern
+from inventory.model import GpuSpec, Host, Inventory
+from inventory.tomlsource import TomlFile, join_key, read_toml
+
+INVENTORY_KEYS = ("defaults", "hosts")
+DEFAULT_KEYS = ("user", "port", "python", "workdir", "gpus", "env")
+HOST_KEYS = ("name", "address", *DEFAULT_KEYS, "slots")
+
+
+@dataclass(frozen=True)
+class HostSettings:
+    """Settings shared by [defaults] and one [[hosts]] entry; None means 'not given'."""
+
+    user: str | None = None
+    port: int | None = None
+    python: str | None = None
+    workdir: str | None = None
+    gpus: GpuSpec | None = None
+    slots: int | None = None
+    env: dict[str, str] = field(default_factory=dict)
+
+    def over(self, base: HostSettings) -> HostSettings:
+        """These settings with gaps filled from `base`; env tables are merged (self wins)."""
+        return HostSettings(
+            user=_first(self.user, base.user),
+            port=_first(self.port, base.port),
+            python=_first(self.python, base.python),
+            workdir=_first(self.workdir, base.workdir),
+            gpus=_first(self.gpus, base.gpus),
+            slots=_first(self.slots, base.slots),
+            env={**base.env, **self.env},
+        )
+
+
+def _first(value: Any, fallback: Any) -> Any:
+    return value if value is not None else fallback
+
+
+def load_inventory(path: Path) -> Inventory:
+    """Load `path`: TOML when it ends in .toml, else a DeepSpeed/MPI-style hostfile."""
+    path = Path(path)
+    if path.suffix.lower() != ".toml":
+        return load_hostfile(path)
+    doc = read_toml(path, "inventory file")
+    check_keys(doc, "", doc.data, INVENTORY_KEYS)
+    defaults = HostSettings()
+    if "defaults" in doc.data:
+        table = expect_table(doc, "defaults", doc.data["defaults"])
+        defaults = read_settings(doc, "defaults", table, DEFAULT_KEYS)
+    entries = _host_entries(doc)
+    hosts: list[Host] = []
+    origins: dict[str, str] = {}
+    for i, entry in enumerate(entries):
+        for host in _hosts_of_entry(doc, f"hosts[{i}]", entry, defaults):
+            _check_unique(doc, origins, host.name, f"hosts[{i}].name")
+            hosts.append(host)
+    return Inventory(hosts=tuple(hosts), source=path)
+
+
+def _host_entries(doc: TomlFile) -> list[dict[str, Any]]:
+    raw = doc.data.get("hosts")
+    if raw is None or raw == []:
+        raise ConfigError(
+            "inventory has no hosts",
+            file=doc.path,
+            key="hosts",
+            line=doc.line_of("hosts"),
+            hint='add a host:  [[hosts]]  name = "node0"  address = "198.18.0.10"',
+        )
+    if not isinstance(raw, list):
+        raise doc.error("hosts", "expected [[hosts]] tables", 'write [[hosts]] then name = "..."')
+    for i, entry in enumerate(raw):
+        expect_table(doc, f"hosts[{i}]", entry)
+    return raw
+
+
+def read_settings(
+    doc: TomlFile, prefix: str, table: dict[str, Any], allowed: tuple[str, ...]
+) -> HostSettings:
+    """Validate the per-host settings found in `table` (name/address handled by the caller)."""
+    check_keys(doc, prefix, table, allowed)
+
+    def key(name: str) -> str:
+        return join_key(prefix, name)
+
+    return HostSettings(
+        user=expect_token(doc, key("user"), table["user"]) if "user" in table else None,
+        port=int(expect_port(doc, key("port"), table["port"])) if "port" in table else None,
+        python=expect_str(doc, key("python"), table["python"]) if "python" in table else None,
+        workdir=expect_str(doc, key("workdir"), table["workdir"]) if "workdir" in table else None,
+        gpus=expect_gpus(doc, key("gpus"), table["gpus"]) if "gpus" in table else None,
+        slots=expect_int(doc, key("slots"), table["slots"], 1) if "slots" in table else None,
+        env=expect_env(doc, key("env"), table["env"]) if "env" in table else {},
+    )
+
+
+def _hosts_of_entry(
+    doc: TomlFile, prefix: str, entry: dict[str, Any], defaults: HostSettings
+) -> list[Host]:
+    settings = read_settings(doc, prefix, entry, HOST_KEYS).over(defaults)
+    if "name" not in entry:
+        raise doc.key_error(
+            prefix, "host entry has no name", 'add name = "node0" (a range like "node[0-3]" works)'
+        )
+    names = _expand(doc, join_key(prefix, "name"), entry["name"])
+    addresses = _addresses(doc, prefix, entry, names)
+    return [
+        _make_host(name, address, settings) for name, address in zip(names, addresses, strict=True)
+    ]
+
+
+def _expand(doc: TomlFile, key: str, value: object) -> list[str]:
+    text = expect_token(doc, key, value)
+    try:
+        names = expand_hostnames(text)
+    except ValueError as exc:
+        raise doc.error(
+            key, str(exc), "ranges look like node[1-4], gpu[01-16], n[1,3,5-6]"
+        ) from None
+    for name in names:
+        expect_token(doc, key, name)
+    return names
+
+
+def _addresses(doc: TomlFile, prefix: str, entry: dict[str, Any], names: list[str]) -> list[str]:
+    """One address per name: the names themselves, or an address range of the same length."""
+    if "address" not in entry:
+        return names
+    key = join_key(prefix, "address")
+    if len(names) == 1:
+        return [expect_token(doc, key, entry["address"])]
+    text = expect_token(doc, key, entry["address"])
+    if not is_range_pattern(text):
+        raise doc.error(
+            key,
+            f"name is a range of {len(names)} hosts but address {text!r} is a single address",
+            'give an address range of the same length, e.g. "198.18.0.[10-13]", '
+            "or drop address to use the names",
+            value=text,
+        )
+    addresses = _expand(doc, key, text)
+    if len(addresses) != len(names):
+        raise doc.error(
+            key,
+            f"address range has {len(addresses)} entries but the name range has {len(names)}",
+            "make both ranges the same length",
+            value=text,
+        )
+    return addresses
+
+
+def _make_host(name: str, address: str, settings: HostSettings) -> Host:
+    return Host(
+        name=name,
+        address=address,
+        user=settings.user,
+        port=settings.port,
+        python=settings.python if settings.python is not None else "python3",
+        workdir=settings.workdir,
+        gpus=settings.gpus if settings.gpus is not None else "auto",
+        slots=settings.slots,
+        env=MappingProxyType(dict(settings.env)),
+    )
+
+
+def _check_unique(doc: TomlFile, origins: dict[str, str], name: str, key: str) -> None:
+    if name not in origins:
+        origins[name] = key
+        return
+    first_key = origins[name]
+    first_line, line = doc.line_of(first_key), doc.line_of(key)
+    raise ConfigError(
+        f'duplicate host "{name}": defined at line {first_line} ({first_key}) '
+        f"and again at line {line} ({key})",
+        file=doc.path,
+        line=line,
+        key=key,
+        hint="host names must be unique; rename or remove one of them",
+    )
