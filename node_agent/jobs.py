@@ -37,7 +37,7 @@ def ps(request: Dict[str, Any], control: BinaryIO) -> Dict[str, Any]:
     for state in iter_states(request.get("job")):
         if not _running(state):
             continue
-        pids = job_pids(state["job_id"])
+        pids = job_pids(state["job_id"], state.get("node_rank"))
         jobs.append({
             "job_id": state["job_id"], "job_name": state.get("job_name"),
             "node_rank": state.get("node_rank"), "pid": state.get("pid"), "pids": pids,
@@ -52,16 +52,12 @@ def down(request: Dict[str, Any], control: BinaryIO) -> Dict[str, Any]:
     """Stop every running instance of a job (by id or name) on this host."""
     grace = float(request.get("grace", 10.0))
     stopped = []
-    seen = set()
     for state in iter_states(request["job"]):
-        job_id = state["job_id"]
-        if job_id in seen:
-            continue
-        seen.add(job_id)
+        job_id, node_rank = state["job_id"], state.get("node_rank")
         pgid = int(state["pgid"]) if _running(state) else None
-        if pgid is None and not job_pids(job_id):
+        if pgid is None and not job_pids(job_id, node_rank):
             continue
-        outcome = end_job(job_id, pgid, grace)
+        outcome = end_job(job_id, pgid, grace, node_rank)
         outcome["job_id"] = job_id
         stopped.append(outcome)
     return {"stopped": stopped, "exit_code": 0}

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional
 
 JOB_ENV = "DDPCTL_JOB_ID"
+NODE_RANK_ENV = "DDPCTL_NODE_RANK"
 
 
 def state_root() -> Path:
@@ -48,15 +49,20 @@ def iter_states(job: Optional[str] = None) -> Iterator[Dict[str, Any]]:
         yield data
 
 
-def proc_job_id(pid: int) -> Optional[str]:
+def proc_env_var(pid: int, name: str) -> Optional[str]:
     try:
         raw = Path("/proc/%d/environ" % pid).read_bytes()
     except OSError:
         return None
+    prefix = name.encode() + b"="
     for item in raw.split(b"\0"):
-        if item.startswith(JOB_ENV.encode() + b"="):
-            return item.split(b"=", 1)[1].decode("utf-8", "replace")
+        if item.startswith(prefix):
+            return item[len(prefix):].decode("utf-8", "replace")
     return None
+
+
+def proc_job_id(pid: int) -> Optional[str]:
+    return proc_env_var(pid, JOB_ENV)
 
 
 def proc_start_ticks(pid: int) -> Optional[int]:
@@ -75,8 +81,10 @@ def proc_cmdline(pid: int) -> List[str]:
     return [p.decode("utf-8", "replace") for p in raw.split(b"\0") if p]
 
 
-def job_pids(job_id: str) -> List[int]:
-    """Every process of this user on this host (this namespace) carrying the job's id."""
+def job_pids(job_id: str, node_rank: Optional[int] = None) -> List[int]:
+    """Every process of this user carrying the job's id (and this node's rank, when given:
+    hosts that share a process table, like containers or namespaces, must not touch another
+    node's processes)."""
     me = os.getpid()
     uid = os.getuid()
     found = []
@@ -88,8 +96,12 @@ def job_pids(job_id: str) -> List[int]:
                 continue
         except OSError:
             continue
-        if proc_job_id(int(entry.name)) == job_id:
-            found.append(int(entry.name))
+        pid = int(entry.name)
+        if proc_job_id(pid) != job_id:
+            continue
+        if node_rank is not None and proc_env_var(pid, NODE_RANK_ENV) not in (None, str(node_rank)):
+            continue
+        found.append(pid)
     return sorted(found)
 
 
@@ -120,27 +132,28 @@ def _signal_all(pgid: Optional[int], pids: List[int], sig: int) -> None:
             pass
 
 
-def end_job(job_id: str, pgid: Optional[int], grace: float) -> Dict[str, Any]:
+def end_job(job_id: str, pgid: Optional[int], grace: float,
+            node_rank: Optional[int] = None) -> Dict[str, Any]:
     """SIGTERM the job's process group and every process carrying its id; SIGKILL after grace."""
-    pids = job_pids(job_id)
+    pids = job_pids(job_id, node_rank)
     targets = {pid: proc_cmdline(pid) for pid in pids}
     _signal_all(pgid, pids, signal.SIGTERM)
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline:
-        if not [p for p in job_pids(job_id) if alive(p)]:
+        if not [p for p in job_pids(job_id, node_rank) if alive(p)]:
             break
         time.sleep(0.1)
-    survivors = [p for p in job_pids(job_id) if alive(p)]
+    survivors = [p for p in job_pids(job_id, node_rank) if alive(p)]
     if survivors:
         _signal_all(pgid, survivors, signal.SIGKILL)
         for p in survivors:
             targets.setdefault(p, proc_cmdline(p))
         deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and [p for p in job_pids(job_id) if alive(p)]:
+        while time.monotonic() < deadline and [p for p in job_pids(job_id, node_rank) if alive(p)]:
             time.sleep(0.05)
     return {
         "terminated": sorted(targets),
         "killed": sorted(survivors),
         "commands": {str(p): " ".join(c)[:300] for p, c in targets.items()},
-        "left": [p for p in job_pids(job_id) if alive(p)],
+        "left": [p for p in job_pids(job_id, node_rank) if alive(p)],
     }

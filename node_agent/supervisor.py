@@ -22,6 +22,7 @@ from typing import Any, BinaryIO, Dict, List, Optional
 from node_agent.protocol import emit_event, write_line
 from node_agent.runstate import (
     JOB_ENV,
+    NODE_RANK_ENV,
     end_job,
     proc_start_ticks,
     state_dir,
@@ -57,7 +58,7 @@ class Supervisor:
         env = dict(os.environ)
         env.update({str(k): str(v) for k, v in (self.request.get("env") or {}).items()})
         env[JOB_ENV] = self.job_id
-        env["DDPCTL_NODE_RANK"] = str(self.node_rank)
+        env[NODE_RANK_ENV] = str(self.node_rank)
         env["PYTHONUNBUFFERED"] = "1"
         return env
 
@@ -98,7 +99,8 @@ class Supervisor:
         self.stopping.set()
         self.stop_reason = self.stop_reason or reason
         assert self.proc is not None
-        threading.Thread(target=end_job, args=(self.job_id, self.proc.pid, 0.0 if force else self.grace),
+        threading.Thread(target=end_job,
+                         args=(self.job_id, self.proc.pid, 0.0 if force else self.grace, self.node_rank),
                          daemon=True).start()
 
     def pump_output(self) -> None:
@@ -170,7 +172,7 @@ class Supervisor:
         code = self.proc.wait()
         pump.join(10)
         if self.stopping.is_set():
-            end_job(self.job_id, self.proc.pid, self.grace)  # stragglers outside the group
+            end_job(self.job_id, self.proc.pid, self.grace, self.node_rank)  # stragglers
         result = {"exit_code": code, "stop_reason": self.stop_reason, "first_error": self.first_error(),
                   "state_dir": str(self.dir), "log": str(self.log_path)}
         write_json_atomic(self.dir / "state.json", dict(self.started, status="exited",

@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from orchestrator import __version__
-from orchestrator.commands import doctor, kill_port, lifecycle, up
+from orchestrator.commands import doctor, kill_port, lifecycle, stacks, up
 
 app = typer.Typer(
     name="ddpctl",
@@ -38,6 +38,7 @@ app.command("kill-port")(kill_port.kill_port_command)
 app.command("ps")(lifecycle.ps_command)
 app.command("down")(lifecycle.down_command)
 app.command("logs")(lifecycle.logs_command)
+app.command("stacks")(stacks.stacks_command)
 
 
 def main() -> None:

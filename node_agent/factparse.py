@@ -1,0 +1,172 @@
+"""Pure parsers for the outputs facts.py collects (ip, iptables, nft, ufw, nvidia-smi, torch)."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, Dict, List, Optional, Tuple
+
+BLOCKING_TARGETS = ("DROP", "REJECT")
+
+
+def parse_ip_addr(text: str) -> List[Dict[str, Any]]:
+    """`ip -j addr` -> [{name, up, addresses: [{family, address, prefixlen}]}]."""
+    out = []
+    for link in json.loads(text or "[]"):
+        flags = link.get("flags") or []
+        addrs = []
+        for a in link.get("addr_info") or []:
+            if a.get("family") in ("inet", "inet6") and a.get("local"):
+                addrs.append({"family": a["family"], "address": a["local"],
+                              "prefixlen": a.get("prefixlen"), "scope": a.get("scope")})
+        out.append({"name": link.get("ifname"), "up": "UP" in flags or link.get("operstate") == "UP",
+                    "operstate": link.get("operstate"), "loopback": "LOOPBACK" in flags,
+                    "addresses": addrs})
+    return out
+
+
+def parse_route_get(text: str) -> Dict[str, Any]:
+    """`ip -j route get ADDR` -> {dev, src, gateway}."""
+    routes = json.loads(text or "[]")
+    if not routes:
+        raise ValueError("ip route get printed no route")
+    r = routes[0]
+    return {"dev": r.get("dev"), "src": r.get("prefsrc"), "gateway": r.get("gateway"),
+            "type": r.get("type")}
+
+
+def port_ranges(spec: str) -> List[Tuple[int, int]]:
+    """'22,80:90' or '29500-29510' or '{ 22, 29500 }' -> [(22, 22), (80, 90)]."""
+    out = []
+    for part in re.split(r"[,\s{}]+", spec):
+        if not part:
+            continue
+        m = re.fullmatch(r"(\d+)(?:[:-](\d+))?", part)
+        if m:
+            lo = int(m.group(1))
+            out.append((lo, int(m.group(2) or lo)))
+    return out
+
+
+def _in_ranges(port: int, ranges: List[Tuple[int, int]]) -> bool:
+    return any(lo <= port <= hi for lo, hi in ranges)
+
+
+def parse_iptables_input(text: str, port: int) -> Dict[str, Any]:
+    """`iptables -S INPUT` -> {policy, rules, blocking: rules that can drop `port`}."""
+    policy = None
+    rules = []
+    for line in text.splitlines():
+        words = line.split()
+        if words[:2] == ["-P", "INPUT"] and len(words) > 2:
+            policy = words[2]
+        elif words[:2] == ["-A", "INPUT"]:
+            target = words[words.index("-j") + 1] if "-j" in words[:-1] else None
+            dports: List[Tuple[int, int]] = []
+            for flag in ("--dport", "--dports", "--destination-port"):
+                if flag in words[:-1]:
+                    dports += port_ranges(words[words.index(flag) + 1])
+            rules.append({"rule": line.strip(), "target": target, "dports": dports,
+                          "udp_only": "-p" in words and words[words.index("-p") + 1] == "udp",
+                          "source": words[words.index("-s") + 1] if "-s" in words[:-1] else None})
+    touching = [r["rule"] for r in rules if r["dports"] and _in_ranges(port, r["dports"])]
+    blocking = [r["rule"] for r in rules if r["target"] in BLOCKING_TARGETS and not r["udp_only"]
+                and "INVALID" not in r["rule"]
+                and (not r["dports"] or _in_ranges(port, r["dports"]))]
+    return {"policy": policy, "rules": [r["rule"] for r in rules], "touching_port": touching,
+            "blocking": blocking}
+
+
+def parse_nft_ruleset(text: str, port: int) -> Dict[str, Any]:
+    """`nft list ruleset` -> input-hook chains' policies and rules that drop/reject `port`."""
+    chains: List[Dict[str, Any]] = []
+    current: Optional[Dict[str, Any]] = None
+    for raw in text.splitlines():
+        line = raw.strip()
+        if line.startswith("chain "):
+            current = {"name": line.split()[1], "input": False, "policy": None, "blocking": []}
+            chains.append(current)
+        elif current is None or not line or line == "}":
+            continue
+        elif line.startswith("type ") and "hook input" in line:
+            current["input"] = True
+            m = re.search(r"policy (\w+)", line)
+            current["policy"] = m.group(1) if m else "accept"
+        elif re.search(r"\b(drop|reject)\b", line) and "invalid" not in line:
+            m = re.search(r"dport\s+(\{[^}]*\}|\S+)", line)
+            if m is None or _in_ranges(port, port_ranges(m.group(1))):
+                if "udp dport" not in line:
+                    current["blocking"].append(line)
+    inputs = [c for c in chains if c["input"]]
+    return {"input_chains": [{"name": c["name"], "policy": c["policy"]} for c in inputs],
+            "blocking": [r for c in inputs for r in c["blocking"]],
+            "policy_drop": any(c["policy"] == "drop" for c in inputs)}
+
+
+def parse_ufw_status(text: str) -> Dict[str, Any]:
+    """`ufw status verbose` -> {active, default_incoming, rules: [{to, action, from}]}."""
+    active = False
+    default_in = None
+    rules = []
+    in_table = False
+    for line in text.splitlines():
+        s = line.strip()
+        if s.lower().startswith("status:"):
+            active = s.split(":", 1)[1].strip().lower() == "active"
+        elif s.lower().startswith("default:"):
+            m = re.search(r"(\w+) \(incoming\)", s)
+            default_in = m.group(1) if m else None
+        elif s.startswith("--"):
+            in_table = True
+        elif in_table and s:
+            parts = re.split(r"\s{2,}", s)
+            if len(parts) >= 3:
+                rules.append({"to": parts[0], "action": parts[1], "from": parts[2]})
+    return {"active": active, "default_incoming": default_in, "rules": rules}
+
+
+def _num(text: str) -> Optional[float]:
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def parse_nvidia_gpus(text: str) -> List[Dict[str, Any]]:
+    """`nvidia-smi --query-gpu=index,uuid,name,memory.total,memory.used --format=csv,noheader,nounits`."""
+    gpus = []
+    for line in text.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) < 5 or not parts[0].isdigit():
+            continue
+        gpus.append({"index": int(parts[0]), "uuid": parts[1], "name": ", ".join(parts[2:-2]),
+                     "memory_total_mib": _num(parts[-2]), "memory_used_mib": _num(parts[-1])})
+    return gpus
+
+
+def parse_nvidia_apps(text: str) -> List[Dict[str, Any]]:
+    """`nvidia-smi --query-compute-apps=gpu_uuid,pid,process_name,used_memory --format=csv,noheader,nounits`."""
+    apps = []
+    for line in text.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) < 4 or not parts[1].isdigit():
+            continue
+        apps.append({"gpu_uuid": parts[0], "pid": int(parts[1]), "name": ", ".join(parts[2:-1]),
+                     "used_memory_mib": _num(parts[-1])})
+    return apps
+
+
+TORCH_MARK = "@@TORCH@@"
+
+
+def parse_torch_output(returncode: int, stdout: str, stderr: str) -> Dict[str, Any]:
+    """The torch snippet's JSON line, or why there is none (no torch, crashed interpreter)."""
+    for line in reversed(stdout.splitlines()):
+        if line.startswith(TORCH_MARK):
+            data: Dict[str, Any] = json.loads(line[len(TORCH_MARK):])
+            return data
+    err = (stderr or stdout).strip().splitlines()
+    last = err[-1] if err else "no output"
+    if "No module named 'torch'" in (stderr or "") or "No module named torch" in (stderr or ""):
+        return {"importable": False, "error": last}
+    raise ValueError("torch probe exited %d: %s" % (returncode, last))

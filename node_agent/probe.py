@@ -1,0 +1,116 @@
+"""The "listen" and "connect" ops: doctor's active TCP probe between every pair of hosts."""
+
+from __future__ import annotations
+
+import errno
+import select
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, BinaryIO, Dict, List
+
+from node_agent.protocol import emit_event
+
+DEFAULT_LISTEN_TIMEOUT_S = 120.0
+DEFAULT_CONNECT_TIMEOUT_S = 3.0
+
+
+def _bind(port: int) -> socket.socket:
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        s.bind(("0.0.0.0", port))
+        s.listen(128)
+    except OSError:
+        s.close()
+        raise
+    s.setblocking(False)
+    return s
+
+
+def _watch_control(control: BinaryIO, done: threading.Event) -> None:
+    try:
+        while control.readline():
+            pass
+    except (OSError, ValueError):
+        pass
+    done.set()
+
+
+def listen(request: Dict[str, Any], control: BinaryIO) -> Dict[str, Any]:
+    """Listen on each requested port (0: ephemeral) until control EOF or the timeout."""
+    wanted = [int(p) for p in request.get("ports") or [request.get("port", 0)]]
+    timeout = float(request.get("timeout") or DEFAULT_LISTEN_TIMEOUT_S)
+    sockets: Dict[int, socket.socket] = {}
+    ports: List[Dict[str, Any]] = []
+    for want in wanted:
+        try:
+            s = _bind(want)
+        except OSError as exc:
+            ports.append({"requested": want, "port": None, "error": str(exc), "peers": []})
+            continue
+        port = int(s.getsockname()[1])
+        sockets[port] = s
+        ports.append({"requested": want, "port": port, "error": None, "peers": []})
+    emit_event("listening", ports=[{"requested": p["requested"], "port": p["port"],
+                                    "error": p["error"]} for p in ports])
+    done = threading.Event()
+    threading.Thread(target=_watch_control, args=(control, done), daemon=True).start()
+    by_port = {p["port"]: p for p in ports if p["port"] is not None}
+    deadline = time.monotonic() + timeout
+    try:
+        while sockets and not done.is_set() and time.monotonic() < deadline:
+            readable, _, _ = select.select(list(sockets.values()), [], [], 0.2)
+            for s in readable:
+                try:
+                    conn, peer = s.accept()
+                except OSError:
+                    continue
+                conn.close()
+                by_port[int(s.getsockname()[1])]["peers"].append(str(peer[0]))
+    finally:
+        for s in sockets.values():
+            s.close()
+    return {"ports": ports, "timed_out": not done.is_set()}
+
+
+def classify(exc: BaseException) -> str:
+    """refused / timeout / unreachable / unresolved / error, from a connect failure."""
+    if isinstance(exc, socket.gaierror):
+        return "unresolved"
+    if isinstance(exc, socket.timeout):
+        return "timeout"
+    code = getattr(exc, "errno", None)
+    if code == errno.ECONNREFUSED:
+        return "refused"
+    if code in (errno.ETIMEDOUT, errno.EAGAIN):
+        return "timeout"
+    if code in (errno.EHOSTUNREACH, errno.ENETUNREACH):
+        return "unreachable"
+    return "error"
+
+
+def connect_one(target: str, timeout: float) -> Dict[str, Any]:
+    host, _, port = target.rpartition(":")
+    host = host.strip("[]")
+    started = time.monotonic()
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout) as s:
+            local = str(s.getsockname()[0])
+        return {"target": target, "ok": True, "kind": "ok", "error": None, "local": local,
+                "ms": round((time.monotonic() - started) * 1000, 1)}
+    except (OSError, ValueError) as exc:
+        return {"target": target, "ok": False, "kind": classify(exc), "error": str(exc) or
+                type(exc).__name__, "ms": round((time.monotonic() - started) * 1000, 1)}
+
+
+def connect(request: Dict[str, Any], control: BinaryIO) -> Dict[str, Any]:
+    """TCP-connect to every `addr:port` target at once; each gets ok or refused/timeout/..."""
+    targets = [str(t) for t in request.get("targets") or []]
+    timeout = float(request.get("timeout") or DEFAULT_CONNECT_TIMEOUT_S)
+    if not targets:
+        return {"results": []}
+    with ThreadPoolExecutor(max_workers=min(64, len(targets))) as pool:
+        results = list(pool.map(lambda t: connect_one(t, timeout), targets))
+    return {"results": results}

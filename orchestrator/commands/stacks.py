@@ -1,0 +1,45 @@
+"""`ddpctl stacks`: every rank's Python stack, identical ones collapsed, the odd one out first."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+
+from orchestrator.commands.common import (
+    AcceptNewOpt,
+    InventoryOpt,
+    JsonOpt,
+    KnownHostsOpt,
+    ParallelOpt,
+    SshConfigOpt,
+    console,
+    handle_errors,
+    make_pool,
+)
+from orchestrator.commands.lifecycle import JobArg, resolve_target
+from orchestrator.stacks import collect, report_json, report_text
+
+
+@handle_errors
+def stacks_command(
+    job: JobArg,
+    inventory: InventoryOpt = None,
+    frames: Annotated[int, typer.Option("--frames", min=1, help="Frames shown per group.")] = 8,
+    as_json: JsonOpt = False,
+    ssh_config: SshConfigOpt = None,
+    known_hosts: KnownHostsOpt = None,
+    accept_new_host_keys: AcceptNewOpt = False,
+    parallel: ParallelOpt = 64,
+) -> None:
+    """Dump the Python stack of every rank of a running job (py-spy), grouped."""
+    target, inv = resolve_target(job, inventory)
+    with make_pool(ssh_config, known_hosts, accept_new_host_keys, parallel) as pool:
+        report = collect(pool, inv.hosts, target)
+    if as_json:
+        console.print_json(json.dumps(report_json(report)))
+    else:
+        for line in report_text(report, frames):
+            console.print(line, markup=False, highlight=False)
+    raise typer.Exit(0 if report.groups and not report.host_errors else 1)

@@ -1,0 +1,158 @@
+"""Where is every rank stuck: collect py-spy dumps from every host, collapse identical stacks."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from inventory import Host
+from orchestrator.agent import call_agent
+from orchestrator.hosts import FanOut, HostPool
+
+LIBRARY_MARKERS = ("site-packages", "dist-packages", "/lib/python", "<frozen")
+
+
+@dataclass(frozen=True)
+class Frame:
+    name: str
+    file: str
+    short_file: str
+    line: int
+
+    @property
+    def is_library(self) -> bool:
+        return any(m in self.file for m in LIBRARY_MARKERS)
+
+    def where(self) -> str:
+        return f"{self.short_file}:{self.line}"
+
+
+@dataclass(frozen=True)
+class RankStack:
+    host: str
+    rank: int
+    local_rank: int
+    pid: int
+    frames: tuple[Frame, ...]  # the main thread, innermost first
+    error: str | None = None
+
+    def signature(self) -> tuple[tuple[str, str, int], ...]:
+        return tuple((f.name, f.file, f.line) for f in self.frames)
+
+
+@dataclass
+class StackGroup:
+    ranks: list[RankStack]
+    frames: tuple[Frame, ...]
+    error: str | None = None
+
+    def summary(self) -> str:
+        if self.error:
+            return f"no stack: {self.error}"
+        if not self.frames:
+            return "no Python frames"
+        inner = self.frames[0]
+        user = next((f for f in self.frames if not f.is_library), inner)
+        return f"{inner.name} in {user.where()}" if user is not inner else f"{inner.name} in {inner.where()}"
+
+    def label(self) -> str:
+        hosts = sorted({r.host for r in self.ranks})
+        text = ("rank " if len(self.ranks) == 1 else "ranks ") + format_ranges(r.rank for r in self.ranks)
+        if len(hosts) == 1:
+            text += f" on {hosts[0]}"
+        return text
+
+
+@dataclass
+class StacksReport:
+    job: str
+    groups: list[StackGroup] = field(default_factory=list)
+    host_errors: dict[str, str] = field(default_factory=dict)  # host -> why it gave no stacks
+
+
+def format_ranges(numbers: Iterable[int]) -> str:
+    """[0,1,2,3,5,7,8] -> '0–3, 5, 7–8'."""
+    nums = sorted(set(numbers))
+    parts: list[str] = []
+    start = prev = None
+    for n in [*nums, None]:
+        if start is None:
+            start = prev = n
+        elif n is not None and prev is not None and n == prev + 1:
+            prev = n
+        else:
+            parts.append(str(start) if start == prev else f"{start}–{prev}")
+            start = prev = n
+    return ", ".join(parts)
+
+
+def main_thread(threads: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    for t in threads:
+        if t.get("name") == "MainThread":
+            return list(t.get("frames") or [])
+    return list(threads[0].get("frames") or []) if threads else []
+
+
+def parse_host(host: str, result: dict[str, Any]) -> list[RankStack]:
+    stacks = []
+    for w in result.get("ranks", []):
+        frames = tuple(Frame(str(f.get("name")), str(f.get("file")), str(f.get("short_file") or f.get("file")),
+                             int(f.get("line") or 0)) for f in main_thread(w.get("threads") or []))
+        error = w.get("error") or (None if "threads" in w else result.get("error"))
+        stacks.append(RankStack(host, int(w["rank"]), int(w.get("local_rank", -1)), int(w["pid"]),
+                                frames, error))
+    return stacks
+
+
+def collapse(stacks: Iterable[RankStack]) -> list[StackGroup]:
+    """Identical main-thread stacks form one group; the smallest groups (odd ones out) first."""
+    groups: dict[tuple[Any, ...], StackGroup] = {}
+    for s in sorted(stacks, key=lambda s: s.rank):
+        key = ("error", s.error) if s.error else s.signature()
+        group = groups.setdefault(key, StackGroup([], s.frames, s.error))
+        group.ranks.append(s)
+    return sorted(groups.values(), key=lambda g: (len(g.ranks), g.ranks[0].rank))
+
+
+def collect(pool: HostPool, hosts: Sequence[Host], job: str) -> StacksReport:
+    fan: FanOut[dict[str, Any]] = pool.map(
+        hosts, lambda t: call_agent(t, "stacks", {"job": job, "python": t.host.python}, timeout=90).result)
+    report = StacksReport(job)
+    all_stacks: list[RankStack] = []
+    for host, result in fan.succeeded.items():
+        if result.get("error") and not result.get("ranks"):
+            report.host_errors[host] = str(result["error"])
+        if result.get("py_spy") is None and result.get("ranks"):
+            report.host_errors[host] = f"{result.get('error')} (fix: {result.get('fix')})"
+        all_stacks += parse_host(host, result)
+    for host, err in fan.failed.items():
+        report.host_errors[host] = err.message
+    report.groups = collapse(all_stacks)
+    return report
+
+
+def report_json(report: StacksReport) -> dict[str, Any]:
+    return {
+        "job": report.job,
+        "groups": [{"label": g.label(), "summary": g.summary(),
+                    "ranks": [{"host": r.host, "rank": r.rank, "local_rank": r.local_rank, "pid": r.pid}
+                              for r in g.ranks],
+                    "error": g.error,
+                    "frames": [{"name": f.name, "file": f.file, "line": f.line} for f in g.frames]}
+                   for g in report.groups],
+        "host_errors": report.host_errors,
+    }
+
+
+def report_text(report: StacksReport, frames: int = 8) -> list[str]:
+    lines = []
+    if not report.groups:
+        lines.append(f"no running rank of {report.job} found")
+    for g in report.groups:
+        lines.append(f"{g.label()}: {g.summary()}")
+        for f in g.frames[:frames]:
+            lines.append(f"    {f.name} ({f.where()})")
+    for host, err in report.host_errors.items():
+        lines.append(f"{host}: {err}")
+    return lines

@@ -1,0 +1,61 @@
+"""Shared pytest fixtures: the real namespace cluster (its logic lives in tests/cluster.py)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # `tests.cluster` and the project packages import from the root
+    sys.path.insert(0, str(ROOT))
+
+from tests.cluster import Cluster, ClusterError, start_cluster, unavailable_reason  # noqa: E402
+
+
+def require_cluster() -> None:
+    """Skip when no cluster can be built here; fail instead under DDPCTL_REQUIRE_CLUSTER=1."""
+    reason = unavailable_reason()
+    if reason is None:
+        return
+    if os.environ.get("DDPCTL_REQUIRE_CLUSTER") == "1":
+        pytest.fail(f"DDPCTL_REQUIRE_CLUSTER=1 but {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+@pytest.fixture
+def cluster_available() -> None:
+    """For tests that call start_cluster themselves: skip (or fail) like the cluster fixtures."""
+    require_cluster()
+
+
+@pytest.fixture(scope="session")
+def cluster2(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """Two hosts shared by the whole session: read-only use; inject faults via make_cluster."""
+    require_cluster()
+    with start_cluster(2, tmp_path_factory.mktemp("cluster2")) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def make_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[int], Cluster]]:
+    """A factory of fresh clusters for one test, all torn down when it ends."""
+    started: list[Cluster] = []
+
+    def make(n: int) -> Cluster:
+        require_cluster()
+        started.append(start_cluster(n, tmp_path_factory.mktemp(f"cluster{n}-")))
+        return started[-1]
+
+    yield make
+    errors = []
+    for cluster in reversed(started):
+        try:
+            cluster.teardown()
+        except ClusterError as err:
+            errors.append(str(err))
+    if errors:
+        pytest.fail("; ".join(errors), pytrace=False)
