@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any, BinaryIO, Dict, List, Optional
 
+from node_agent.nccl_log import parse_files
 from node_agent.protocol import emit_event, write_line
 from node_agent.runstate import (
     JOB_ENV,
@@ -59,6 +60,9 @@ class Supervisor:
         env.update({str(k): str(v) for k, v in (self.request.get("env") or {}).items()})
         env[JOB_ENV] = self.job_id
         env[NODE_RANK_ENV] = str(self.node_rank)
+        if self.request.get("nccl_debug"):
+            env.update(NCCL_DEBUG="INFO", NCCL_DEBUG_SUBSYS="INIT,NET",
+                       NCCL_DEBUG_FILE=str(self.dir / "nccl.%h.%p.log"))
         env["PYTHONUNBUFFERED"] = "1"
         return env
 
@@ -175,6 +179,8 @@ class Supervisor:
             end_job(self.job_id, self.proc.pid, self.grace, self.node_rank)  # stragglers
         result = {"exit_code": code, "stop_reason": self.stop_reason, "first_error": self.first_error(),
                   "state_dir": str(self.dir), "log": str(self.log_path)}
+        if self.request.get("nccl_debug"):
+            result["nccl"] = parse_files(sorted(self.dir.glob("nccl.*.log")))
         write_json_atomic(self.dir / "state.json", dict(self.started, status="exited",
                                                            ended_at=time.time(), **result))
         return result

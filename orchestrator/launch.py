@@ -47,6 +47,7 @@ class HostRun:
     stop_reason: str | None = None
     first_error: dict[str, Any] | None = None  # the earliest rank error file on this host
     remote_log: str | None = None
+    nccl: dict[str, Any] | None = None  # what NCCL chose, with --nccl-debug
     tail: list[str] = field(default_factory=list)
 
     @property
@@ -65,6 +66,15 @@ class RunResult:
     nprocs: dict[str, int] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class LaunchOptions:
+    grace: float = 10.0  # seconds between SIGTERM and SIGKILL
+    hang_timeout: float | None = None  # no output from any rank for this long: a hang
+    on_hang: str = "report"  # "report": dump stacks and go on; "stop": dump, then stop the job
+    dump_on_interrupt: bool = False  # Ctrl-C dumps every rank's stack before stopping
+    nccl_debug: bool = False  # NCCL_DEBUG=INFO with a per-host NCCL_DEBUG_FILE, parsed after
+
+
 class Callbacks(Protocol):
     def on_line(self, host: str, rank: str | None, text: str) -> None: ...
     def on_state(self, run: HostRun) -> None: ...
@@ -80,23 +90,28 @@ def split_rank(launch: HostLaunch, text: str, c10d: bool) -> tuple[str | None, s
     return (f"local{local}" if c10d else str(launch.rank_of(local))), m.group("text")
 
 
-def supervise_request(plan: LaunchPlan, launch: HostLaunch, grace: float, detach: bool) -> dict[str, Any]:
+def supervise_request(plan: LaunchPlan, launch: HostLaunch, options: LaunchOptions,
+                      detach: bool) -> dict[str, Any]:
     return {"job_id": plan.job_id, "job_name": plan.job.name, "node_rank": launch.node_rank,
             "launcher": list(launch.launcher), "program": list(launch.program),
-            "env": dict(launch.env), "cwd": launch.cwd, "grace": grace,
-            "heartbeat_timeout": 0 if detach else LOST_AFTER, "detach": detach}
+            "env": dict(launch.env), "cwd": launch.cwd, "grace": options.grace,
+            "heartbeat_timeout": 0 if detach else LOST_AFTER, "detach": detach,
+            "nccl_debug": options.nccl_debug}
 
 
 class Launch:
     """The state of one `ddpctl up` while it runs; `run()` returns its RunResult."""
 
     def __init__(self, plan: LaunchPlan, pool: HostPool, callbacks: Callbacks, run_dir: Path,
-                 grace: float = 10.0) -> None:
+                 options: LaunchOptions | None = None) -> None:
         self.plan = plan
         self.pool = pool
         self.cb = callbacks
         self.run_dir = run_dir
-        self.grace = grace
+        self.options = options or LaunchOptions()
+        self.last_output = time.monotonic()
+        self.hang_dumped = False
+        self.hung = False
         self.events: queue.Queue[tuple[str, str, Any]] = queue.Queue()
         self.runs = {hl.host.name: HostRun(hl.host.name, hl.node_rank, hl.display()) for hl in plan.hosts}
         self.channels: dict[str, RunningCommand] = {}
@@ -112,7 +127,7 @@ class Launch:
         name = launch.host.name
         try:
             running = start_agent(self.pool.transport(launch.host), "supervise",
-                                  supervise_request(self.plan, launch, self.grace, detach=False))
+                                  supervise_request(self.plan, launch, self.options, detach=False))
         except HostError as exc:
             self.events.put((name, "lost", f"{exc.message}" + (f" (fix: {exc.fix})" if exc.fix else "")))
             return
@@ -170,6 +185,7 @@ class Launch:
         run = self.runs[name]
         self.last_seen[name] = time.monotonic()
         if kind == "line":
+            self.last_output = time.monotonic()
             launch = self.plan.hosts[run.node_rank]
             rank, text = split_rank(launch, payload, self.c10d)
             self.logs[name].write(payload + "\n")
@@ -190,6 +206,7 @@ class Launch:
             result = data["result"]
             run.stop_reason = result.get("stop_reason")
             run.first_error = result.get("first_error")
+            run.nccl = result.get("nccl")
             if "error" in result:
                 run.error = str(result["error"].get("message"))
         elif data["event"] == "error":
@@ -240,8 +257,11 @@ class Launch:
                     self._handle(name, kind, payload)
                 except queue.Empty:
                     self._check_silence()
+                    self._check_hang()
                 except KeyboardInterrupt:
                     interrupts += 1
+                    if interrupts == 1 and self.options.dump_on_interrupt:
+                        self.dump_stacks("interrupt")
                     if interrupts == 1:
                         self.stop_all(b"STOP\n", "interrupted: stopping the job on every host "
                                                  "(Ctrl-C again to force)")
@@ -253,9 +273,32 @@ class Launch:
                 f.close()
         return self._result(interrupted=interrupts > 0)
 
+    def dump_stacks(self, why: str) -> None:
+        """Every rank's stack into the run directory, and the collapsed summary to the user."""
+        from orchestrator.stacks import collect, report_json, report_text
+
+        report = collect(self.pool, [hl.host for hl in self.plan.hosts], self.plan.job_id)
+        stamp = time.strftime("%H%M%S")
+        (self.run_dir / f"stacks-{why}-{stamp}.json").write_text(json.dumps(report_json(report), indent=2))
+        text = report_text(report)
+        (self.run_dir / f"stacks-{why}-{stamp}.txt").write_text("\n".join(text) + "\n")
+        self.cb.on_notice(f"stacks of every rank ({why}), saved in {self.run_dir}:\n  " + "\n  ".join(text))
+
+    def _check_hang(self) -> None:
+        timeout = self.options.hang_timeout
+        if not timeout or self.hang_dumped or self.stop_sent:
+            return
+        if time.monotonic() - self.last_output < timeout:
+            return
+        self.hang_dumped = self.hung = True
+        self.cb.on_notice(f"no rank printed anything for {timeout:.0f}s: the job looks hung")
+        self.dump_stacks("hang")
+        if self.options.on_hang == "stop":
+            self.stop_all(b"STOP\n", "stopping the hung job on every host (--on-hang=stop)")
+
     def _result(self, interrupted: bool) -> RunResult:
         runs = list(self.runs.values())
-        ok = all(r.exit_code == 0 for r in runs) and not interrupted
+        ok = all(r.exit_code == 0 for r in runs) and not interrupted and not self.hung
         code = 0 if ok else (130 if interrupted else 1)
         if len(runs) == 1 and runs[0].exit_code not in (None, 0) and not interrupted:
             code = runs[0].exit_code  # a single host: torchrun's own exit code
@@ -281,14 +324,14 @@ def write_summary(plan: LaunchPlan, result: RunResult) -> Path:
     return path
 
 
-def launch_detached(plan: LaunchPlan, pool: HostPool, run_dir: Path, grace: float,
+def launch_detached(plan: LaunchPlan, pool: HostPool, run_dir: Path, options: LaunchOptions,
                     notice: Callable[[str], None]) -> dict[str, Any]:
     """Start every host's supervisor as a daemon and return; `ddpctl logs/ps/down` take over."""
     by_name = {hl.host.name: hl for hl in plan.hosts}
 
     def one(transport: Any) -> dict[str, Any]:
         hl = by_name[transport.host.name]
-        return call_agent(transport, "supervise", supervise_request(plan, hl, grace, detach=True)).result
+        return call_agent(transport, "supervise", supervise_request(plan, hl, options, detach=True)).result
 
     fan = pool.map([h.host for h in plan.hosts], one)
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 from pathlib import Path
 from typing import Annotated
 
@@ -21,7 +22,7 @@ from orchestrator.commands.common import (
     is_terminal,
     make_pool,
 )
-from orchestrator.launch import HostRun, HostState, Launch, RunResult, launch_detached
+from orchestrator.launch import HostRun, HostState, Launch, LaunchOptions, RunResult, launch_detached
 from orchestrator.plan import LaunchPlan, build_plan, mask_env, new_job_id
 from orchestrator.preflight import LaunchBlocked, gather, resolve_nprocs, settle_master_port
 
@@ -51,6 +52,11 @@ def parse_port(value: str | None) -> int | str | None:
     except ValueError:
         raise ConfigError(f"--master-port must be a port number or auto, got {value!r}",
                           key="--master-port", hint="e.g. --master-port 29521") from None
+
+
+class OnHang(str, enum.Enum):
+    report = "report"
+    stop = "stop"
 
 
 class Printer:
@@ -112,6 +118,18 @@ def print_failure(result: RunResult) -> None:
             err_console.print(f"    {line}", markup=False)
 
 
+def print_nccl(result: RunResult) -> None:
+    for run in result.hosts:
+        n = run.nccl or {}
+        if not n.get("files"):
+            err_console.print(f"{run.host}: NCCL wrote no debug log (gloo backend, or NCCL never started)",
+                              markup=False)
+            continue
+        err_console.print(f"{run.host}: NCCL network {', '.join(n['networks']) or '?'}; interfaces "
+                          f"{', '.join(n['interfaces'] or n['bootstrap']) or '?'}; transports "
+                          f"{', '.join(n['transports']) or '?'}", markup=False)
+
+
 @handle_errors
 def up_command(
     job_file: Annotated[Path, typer.Argument(help="The job file (job.toml).", show_default=False)],
@@ -124,6 +142,17 @@ def up_command(
     free_port: Annotated[bool, typer.Option("--free-port", help="Kill a non-ddpctl holder of the master port.")] = False,
     grace: Annotated[float, typer.Option("--grace", min=0, help="Seconds between SIGTERM and SIGKILL.")] = 10.0,
     runs_dir: Annotated[Path, typer.Option("--runs-dir", help="Where run logs and summary.json go.")] = Path("runs"),
+    hang_timeout: Annotated[float | None, typer.Option(
+        "--hang-timeout", min=1, help="No output from any rank for this many seconds: dump all stacks.",
+        rich_help_panel="Hangs")] = None,
+    on_hang: Annotated[OnHang, typer.Option("--on-hang", help="After the hang dump: report, or stop the job.",
+                                            rich_help_panel="Hangs")] = OnHang.report,
+    dump_on_interrupt: Annotated[bool, typer.Option(
+        "--dump-on-interrupt", help="On Ctrl-C, dump every rank's stack before stopping.",
+        rich_help_panel="Hangs")] = False,
+    nccl_debug: Annotated[bool, typer.Option(
+        "--nccl-debug", help="NCCL_DEBUG=INFO to a per-host file; print the interface and transport "
+        "NCCL chose.", rich_help_panel="Hangs")] = False,
     ssh_config: SshConfigOpt = None,
     known_hosts: KnownHostsOpt = None,
     accept_new_host_keys: AcceptNewOpt = False,
@@ -159,13 +188,17 @@ def up_command(
         printer = Printer(plan)
         printer.on_notice(f"job {job_id}: {len(plan.hosts)} host(s) × nproc {sorted(set(nprocs.values()))}, "
                           f"world size {plan.world_size}, master {plan.master_addr}:{port}; logs in {run_dir}")
+        options = LaunchOptions(grace=grace, hang_timeout=hang_timeout, on_hang=on_hang.value,
+                                dump_on_interrupt=dump_on_interrupt, nccl_debug=nccl_debug)
         if detach:
-            out = launch_detached(plan, pool, run_dir, grace, printer.on_notice)
+            out = launch_detached(plan, pool, run_dir, options, printer.on_notice)
             printer.on_notice(f"detached: started on {len(out['started'])} host(s). "
                               f"Follow: ddpctl logs {job_id} -f; stop: ddpctl down {job_id}")
             raise typer.Exit(0 if not out["failed"] else 1)
-        result = Launch(plan, pool, printer, run_dir, grace=grace).run()
+        result = Launch(plan, pool, printer, run_dir, options).run()
     print_failure(result)
+    if nccl_debug:
+        print_nccl(result)
     verdict = "succeeded" if result.exit_code == 0 else f"failed (exit {result.exit_code})"
     err_console.print(f"ddpctl: job {result.job_id} {verdict}; logs: {result.run_dir}", highlight=False)
     raise typer.Exit(result.exit_code)

@@ -1,0 +1,62 @@
+"""Collapsing rank stacks: identical stacks group, the odd one out comes first."""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.stacks import Frame, RankStack, collapse, format_ranges, parse_host, report_text
+
+SITE = "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py"
+ALL_REDUCE = (Frame("all_reduce", SITE, "torch/distributed/distributed_c10d.py", 3252),
+              Frame("train", "/work/train.py", "train.py", 42))
+SLEEP = (Frame("sleep_forever", "/work/train.py", "train.py", 88),
+         Frame("train", "/work/train.py", "train.py", 40))
+
+
+@pytest.mark.parametrize(("ranks", "expected"), [
+    ([0], "0"),
+    ([0, 1, 2, 3], "0–3"),
+    ([0, 1, 2, 3, 4, 5, 6, 8, 9, 10, 11, 12, 13, 14, 15], "0–6, 8–15"),
+    ([5, 1, 3], "1, 3, 5"),
+    ([2, 2, 3], "2–3"),
+])
+def test_format_ranges(ranks: list[int], expected: str) -> None:
+    assert format_ranges(ranks) == expected
+
+
+def test_identical_stacks_collapse_and_the_odd_one_out_is_first() -> None:
+    stacks = [RankStack("node0" if r < 8 else "node1", r, r % 8, 100 + r, SLEEP if r == 7 else ALL_REDUCE)
+              for r in range(16)]
+    groups = collapse(stacks)
+    assert [g.label() for g in groups] == ["rank 7 on node0", "ranks 0–6, 8–15"]
+    assert groups[0].summary() == "sleep_forever in train.py:88"
+    assert groups[1].summary() == "all_reduce in train.py:42"
+
+
+def test_ranks_without_stacks_are_grouped_by_error() -> None:
+    stacks = [RankStack("node0", 0, 0, 1, (), "permission denied"),
+              RankStack("node0", 1, 1, 2, (), "permission denied"),
+              RankStack("node1", 2, 0, 3, ALL_REDUCE)]
+    groups = collapse(stacks)
+    assert groups[0].label() == "rank 2 on node1"
+    assert groups[1].summary() == "no stack: permission denied"
+
+
+def test_parse_host_takes_the_main_thread() -> None:
+    result = {"ranks": [{"rank": 3, "local_rank": 1, "pid": 77, "threads": [
+        {"name": "Thread-1", "frames": [{"name": "wait", "file": "/x/threading.py", "line": 1}]},
+        {"name": "MainThread", "frames": [{"name": "train", "file": "/w/train.py",
+                                           "short_file": "train.py", "line": 9}]}]}]}
+    (stack,) = parse_host("node1", result)
+    assert (stack.rank, stack.local_rank, stack.pid) == (3, 1, 77)
+    assert stack.frames == (Frame("train", "/w/train.py", "train.py", 9),)
+
+
+def test_report_text_names_files_and_lines() -> None:
+    from orchestrator.stacks import StacksReport
+
+    report = StacksReport("job", collapse([RankStack("n0", 0, 0, 1, ALL_REDUCE)]), {"n1": "py-spy missing"})
+    text = "\n".join(report_text(report))
+    assert "rank 0 on n0: all_reduce in train.py:42" in text
+    assert "train (train.py:42)" in text
+    assert "n1: py-spy missing" in text
