@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.live import Live
 from rich.text import Text
 
 from inventory import ConfigError, JobOverrides, NprocSpec, load_job, parse_env_assignment
@@ -60,11 +61,36 @@ class OnHang(str, enum.Enum):
 
 
 class Printer:
-    """Renders launch progress: host-prefixed lines, colour per host on a terminal."""
+    """Renders launch progress: host-prefixed lines, colour per host on a terminal, and there a
+    live status line per host (connecting -> running -> exited code); plain lines otherwise."""
 
     def __init__(self, plan: LaunchPlan) -> None:
         self.colour = {hl.host.name: HOST_COLOURS[i % len(HOST_COLOURS)] for i, hl in enumerate(plan.hosts)}
         self.width = max(len(hl.host.name) for hl in plan.hosts)
+        self.states: dict[str, HostRun] = {}
+        self.live: Live | None = None
+
+    def __enter__(self) -> Printer:
+        if console.is_terminal:
+            self.live = Live(get_renderable=self.status, console=console, refresh_per_second=4,
+                             transient=True)
+            self.live.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.live is not None:
+            self.live.stop()
+            self.live = None
+            for run in self.states.values():
+                self._print_state(run)
+
+    def status(self) -> Text:
+        text = Text()
+        for name, run in self.states.items():
+            code = f" {run.exit_code}" if run.exit_code is not None else ""
+            text.append(f" {name} ", style=self.colour[name])
+            text.append(f"● {run.state.value}{code} ", style=STATE_STYLE[run.state])
+        return text
 
     def on_line(self, host: str, rank: str | None, text: str) -> None:
         label = f"{host}:{rank}" if rank is not None else host
@@ -72,6 +98,11 @@ class Printer:
         console.print(prefix + Text(text), markup=False, highlight=False)
 
     def on_state(self, run: HostRun) -> None:
+        self.states[run.host] = run
+        if self.live is None or run.state in (HostState.FAILED, HostState.LOST):
+            self._print_state(run)
+
+    def _print_state(self, run: HostRun) -> None:
         detail = f" (exit {run.exit_code})" if run.exit_code is not None else ""
         detail += f": {run.error}" if run.error else ""
         err_console.print(Text(f"ddpctl: {run.host} {run.state.value}{detail}",
@@ -195,7 +226,8 @@ def up_command(
             printer.on_notice(f"detached: started on {len(out['started'])} host(s). "
                               f"Follow: ddpctl logs {job_id} -f; stop: ddpctl down {job_id}")
             raise typer.Exit(0 if not out["failed"] else 1)
-        result = Launch(plan, pool, printer, run_dir, options).run()
+        with printer:
+            result = Launch(plan, pool, printer, run_dir, options).run()
     print_failure(result)
     if nccl_debug:
         print_nccl(result)
