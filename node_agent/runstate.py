@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -121,15 +122,11 @@ def alive(pid: int) -> bool:
 
 def _signal_all(pgid: Optional[int], pids: List[int], sig: int) -> None:
     if pgid:
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pgid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
     for pid in pids:
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
 
 
 def end_job(job_id: str, pgid: Optional[int], grace: float,

@@ -16,7 +16,6 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 from typing import Any, BinaryIO, Dict, List, Optional
 
 from node_agent.nccl_log import parse_files
@@ -53,7 +52,7 @@ class Supervisor:
 
     def argv(self) -> List[str]:
         log_dir = str(self.dir / "torchrun")
-        return list(self.request["launcher"]) + ["--log-dir", log_dir] + list(self.request["program"])
+        return [*list(self.request["launcher"]), "--log-dir", log_dir, *list(self.request["program"])]
 
     def env(self) -> Dict[str, str]:
         env = dict(os.environ)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import json
 import queue
@@ -154,10 +155,8 @@ class Launch:
                 channels = list(self.channels.items())
             for name, ch in channels:
                 if not self.runs[name].done:
-                    try:
+                    with contextlib.suppress(Exception):  # a dead channel shows up as silence: LOST
                         ch.send(b"HEARTBEAT\n")
-                    except Exception:
-                        pass  # a dead channel shows up as silence, then LOST
 
     # -- control ----------------------------------------------------------------------------
     def stop_all(self, word: bytes, reason: str) -> None:
@@ -189,7 +188,7 @@ class Launch:
             launch = self.plan.hosts[run.node_rank]
             rank, text = split_rank(launch, payload, self.c10d)
             self.logs[name].write(payload + "\n")
-            run.tail = (run.tail + [payload])[-30:]
+            run.tail = ([*run.tail, payload])[-30:]
             self.cb.on_line(name, rank, text)
         elif kind == "event":
             self._handle_event(run, payload)
@@ -237,7 +236,8 @@ class Launch:
     def _check_silence(self) -> None:
         now = time.monotonic()
         for name, run in self.runs.items():
-            if run.state in (HostState.RUNNING, HostState.STOPPING) and now - self.last_seen.get(name, now) > LOST_AFTER:
+            silent = now - self.last_seen.get(name, now)
+            if run.state in (HostState.RUNNING, HostState.STOPPING) and silent > LOST_AFTER:
                 self._mark_lost(run, f"no word from {name} for {LOST_AFTER:.0f}s (host down or link lost)")
 
     # -- main loop --------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import shlex
 import socket
@@ -163,10 +164,8 @@ class SshRunning:
         self.chan.sendall(data)
 
     def close_stdin(self) -> None:
-        try:
+        with contextlib.suppress(OSError, EOFError, paramiko.SSHException):
             self.chan.shutdown_write()
-        except (OSError, EOFError, paramiko.SSHException):
-            pass
 
     def wait(self, timeout: float | None = None) -> int | None:
         if not self.chan.status_event.wait(timeout):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import subprocess
@@ -117,10 +118,8 @@ class LocalRunning:
 
     def close_stdin(self) -> None:
         if self.proc.stdin is not None and not self.proc.stdin.closed:
-            try:
+            with contextlib.suppress(BrokenPipeError):
                 self.proc.stdin.close()
-            except BrokenPipeError:
-                pass
 
     def wait(self, timeout: float | None = None) -> int | None:
         try:

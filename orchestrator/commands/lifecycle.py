@@ -12,6 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from inventory import Inventory, load_job
+from node_agent.protocol import parse_line
 from orchestrator.agent import call_agent, start_agent
 from orchestrator.commands.common import (
     AcceptNewOpt,
@@ -26,7 +27,6 @@ from orchestrator.commands.common import (
     load_inventory_arg,
     make_pool,
 )
-from node_agent.protocol import parse_line
 
 JobArg = Annotated[str, typer.Argument(help="A job id (or name), or the job.toml it was started from.")]
 

@@ -20,10 +20,16 @@ from orchestrator.commands.common import (
     console,
     err_console,
     handle_errors,
-    is_terminal,
     make_pool,
 )
-from orchestrator.launch import HostRun, HostState, Launch, LaunchOptions, RunResult, launch_detached
+from orchestrator.launch import (
+    HostRun,
+    HostState,
+    Launch,
+    LaunchOptions,
+    RunResult,
+    launch_detached,
+)
 from orchestrator.plan import LaunchPlan, build_plan, mask_env, new_job_id
 from orchestrator.preflight import LaunchBlocked, gather, resolve_nprocs, settle_master_port
 
@@ -170,7 +176,8 @@ def up_command(
     hosts: Annotated[str | None, typer.Option("--hosts", help="Comma-separated subset, in node-rank order.")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print each host's command and env; run nothing.")] = False,
     detach: Annotated[bool, typer.Option("--detach", help="Start and return; see ddpctl ps/logs/down.")] = False,
-    free_port: Annotated[bool, typer.Option("--free-port", help="Kill a non-ddpctl holder of the master port.")] = False,
+    free_port: Annotated[bool, typer.Option(
+        "--free-port", help="Kill a non-ddpctl holder of the master port.")] = False,
     grace: Annotated[float, typer.Option("--grace", min=0, help="Seconds between SIGTERM and SIGKILL.")] = 10.0,
     runs_dir: Annotated[Path, typer.Option("--runs-dir", help="Where run logs and summary.json go.")] = Path("runs"),
     hang_timeout: Annotated[float | None, typer.Option(
