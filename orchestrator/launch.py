@@ -74,6 +74,7 @@ class LaunchOptions:
     on_hang: str = "report"  # "report": dump stacks and go on; "stop": dump, then stop the job
     dump_on_interrupt: bool = False  # Ctrl-C dumps every rank's stack before stopping
     nccl_debug: bool = False  # NCCL_DEBUG=INFO with a per-host NCCL_DEBUG_FILE, parsed after
+    dump_stacks_on_hang: bool = True
 
 
 class Callbacks(Protocol):
@@ -292,7 +293,8 @@ class Launch:
             return
         self.hang_dumped = self.hung = True
         self.cb.on_notice(f"no rank printed anything for {timeout:.0f}s: the job looks hung")
-        self.dump_stacks("hang")
+        if self.options.dump_stacks_on_hang:
+            self.dump_stacks("hang")
         if self.options.on_hang == "stop":
             self.stop_all(b"STOP\n", "stopping the hung job on every host (--on-hang=stop)")
 
