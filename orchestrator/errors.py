@@ -36,3 +36,14 @@ class HostError(Exception):
 
     def to_json(self) -> dict[str, str]:
         return {"host": self.host, "kind": self.kind.value, "message": self.message, "fix": self.fix}
+
+
+@dataclass
+class HostsFailed(Exception):
+    """Several hosts failed the same step; each error names its host and fix."""
+
+    step: str
+    errors: list[HostError]
+
+    def __str__(self) -> str:
+        return f"{self.step} failed on {len(self.errors)} host(s):\n" + "\n".join(str(e) for e in self.errors)

@@ -8,7 +8,7 @@ from typing import Any
 
 from inventory import ConfigError, Host, Job
 from orchestrator.agent import call_agent
-from orchestrator.errors import HostError, HostErrorKind
+from orchestrator.errors import HostError, HostErrorKind, HostsFailed
 from orchestrator.hosts import HostPool
 
 
@@ -44,7 +44,7 @@ def gather(job: Job, pool: HostPool) -> dict[str, HostFacts]:
 
     fan = pool.map(job.hosts, one)
     if fan.failed:
-        raise next(iter(fan.failed.values()))
+        raise HostsFailed("pre-flight", list(fan.failed.values()))
     for facts in fan.succeeded.values():
         host = job.inventory.get(facts.host) or master
         if not facts.python_found:

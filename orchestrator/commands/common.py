@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 
 from inventory import ConfigError, Inventory, local_inventory
-from orchestrator.errors import HostError
+from orchestrator.errors import HostError, HostsFailed
 from orchestrator.hosts import DEFAULT_PARALLEL, HostPool
 from orchestrator.ssh import SshOptions
 
@@ -65,6 +65,12 @@ def print_config_error(exc: ConfigError) -> None:
         err_console.print(f"  [bold]fix:[/] {exc.hint}")
 
 
+def print_host_error(exc: HostError) -> None:
+    err_console.print(f"[bold red]error:[/] {exc.host}: {exc.message}", highlight=False)
+    if exc.fix:
+        err_console.print(f"  [bold]fix:[/] {exc.fix}", highlight=False)
+
+
 def handle_errors(func: F) -> F:
     """Bad input -> exit 2, a host failure outside a report -> exit 1; never a traceback."""
 
@@ -76,9 +82,12 @@ def handle_errors(func: F) -> F:
             print_config_error(exc)
             raise typer.Exit(2) from None
         except HostError as exc:
-            err_console.print(f"[bold red]error:[/] {exc.host}: {exc.message}")
-            if exc.fix:
-                err_console.print(f"  [bold]fix:[/] {exc.fix}")
+            print_host_error(exc)
+            raise typer.Exit(1) from None
+        except HostsFailed as exc:
+            err_console.print(f"[bold red]error:[/] {exc.step} failed on {len(exc.errors)} host(s)")
+            for err in exc.errors:
+                print_host_error(err)
             raise typer.Exit(1) from None
         except KeyboardInterrupt:
             err_console.print("interrupted")
