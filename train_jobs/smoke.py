@@ -25,8 +25,10 @@ def main() -> int:
     dist.all_reduce(x)
     expected = world * (world + 1) / 2
     ok = bool(torch.all(x == expected))
-    print(f"DDPCTL-SMOKE rank={rank} world={world} ok={ok} sum={float(x[0])} "
-          f"seconds={time.time() - started:.2f}", flush=True)
+    print(
+        f"DDPCTL-SMOKE rank={rank} world={world} ok={ok} sum={float(x[0])} seconds={time.time() - started:.2f}",
+        flush=True,
+    )
     dist.destroy_process_group()
     return 0 if ok else 3
 

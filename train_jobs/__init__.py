@@ -1,0 +1,1 @@
+"""Example DDP training programs (toy, image classifier, all_reduce bench) and their job files."""

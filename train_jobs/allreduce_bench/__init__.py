@@ -1,0 +1,1 @@
+"""all_reduce bandwidth benchmark in the style of nccl-tests."""

@@ -1,0 +1,1 @@
+"""A small ResNet-style CIFAR-shaped image classifier trained with DDP."""
