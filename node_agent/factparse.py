@@ -55,7 +55,7 @@ def _in_ranges(port: int, ranges: List[Tuple[int, int]]) -> bool:
 def parse_iptables_input(text: str, port: int) -> Dict[str, Any]:
     """`iptables -S INPUT` -> {policy, rules, blocking: rules that can drop `port`}."""
     policy = None
-    rules = []
+    rules: List[Dict[str, Any]] = []
     for line in text.splitlines():
         words = line.split()
         if words[:2] == ["-P", "INPUT"] and len(words) > 2:
@@ -94,9 +94,9 @@ def parse_nft_ruleset(text: str, port: int) -> Dict[str, Any]:
             current["policy"] = m.group(1) if m else "accept"
         elif re.search(r"\b(drop|reject)\b", line) and "invalid" not in line:
             m = re.search(r"dport\s+(\{[^}]*\}|\S+)", line)
-            if m is None or _in_ranges(port, port_ranges(m.group(1))):
-                if "udp dport" not in line:
-                    current["blocking"].append(line)
+            hits = m is None or _in_ranges(port, port_ranges(m.group(1)))
+            if hits and "udp dport" not in line:
+                current["blocking"].append(line)
     inputs = [c for c in chains if c["input"]]
     return {"input_chains": [{"name": c["name"], "policy": c["policy"]} for c in inputs],
             "blocking": [r for c in inputs for r in c["blocking"]],

@@ -20,45 +20,101 @@ from pathlib import Path
 from typing import Any, BinaryIO, Callable, Dict, List, Optional
 
 from node_agent import factparse
+from node_agent.protocol import emit_event
 
 CMD_TIMEOUT_S = 10.0
 TORCH_TIMEOUT_S = 90.0
 
 # Runs under the inventory's interpreter (which may not be the agent's); constant, no user data.
-TORCH_SNIPPET = r"""
-import json, platform, sys
+# argv[1] is a cache directory ("" for none): importing torch costs seconds, so its facts are
+# kept under a key of everything they depend on (interpreter, torch files, driver, visible GPUs).
+CACHE_KEY_SRC = r"""
+import glob, hashlib, importlib.util, json, os, platform, sys, time
+def key():
+    parts = [sys.executable, platform.python_version(), os.environ.get("CUDA_VISIBLE_DEVICES", "")]
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.origin:
+        return None
+    root = os.path.dirname(spec.origin)
+    for path in [spec.origin, os.path.join(root, "version.py")] + glob.glob(root + "/_C*.so"):
+        st = os.stat(path)
+        parts.append("%s:%d:%d" % (path, st.st_mtime_ns, st.st_size))
+    try:
+        with open("/proc/driver/nvidia/version") as f:
+            parts.append(f.read())
+    except OSError:
+        pass
+    parts += sorted(glob.glob("/dev/nvidia[0-9]*"))
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
+def cached(cache_dir):
+    try:
+        k = key() if cache_dir else None
+    except Exception:
+        k = None
+    path = os.path.join(cache_dir, "torch-facts-%s.json" % k) if k else None
+    if path and os.path.exists(path) and time.time() - os.path.getmtime(path) < 86400:
+        with open(path) as f:
+            d = json.load(f)
+        d["cached"] = True
+        return path, d
+    return path, None
+"""
+TORCH_SNIPPET = CACHE_KEY_SRC + r"""
+cache_dir = sys.argv[1] if len(sys.argv) > 1 else ""
+path, d = cached(cache_dir)
+if d is not None:
+    print("@@TORCH@@" + json.dumps(d))
+    sys.exit(0)
 d = {"python": platform.python_version(), "executable": sys.executable}
 try:
     import torch
 except Exception as e:
     d["importable"] = False
     d["error"] = "%s: %s" % (type(e).__name__, e)
-else:
-    d["importable"] = True
-    d["version"] = torch.__version__
-    d["cuda"] = torch.version.cuda
-    try:
-        d["nccl"] = ".".join(str(x) for x in torch.cuda.nccl.version())
-    except Exception:
-        d["nccl"] = None
-    try:
-        d["cuda_available"] = torch.cuda.is_available()
-        n = torch.cuda.device_count()
-        d["device_count"] = n
-        d["devices"] = []
-        for i in range(n if d["cuda_available"] else 0):
-            p = torch.cuda.get_device_properties(i)
-            d["devices"].append({"name": p.name, "memory_mib": p.total_memory // 1048576})
-    except Exception as e:
-        d["cuda_error"] = "%s: %s" % (type(e).__name__, e)
-    try:
-        import torch.distributed as dist
-        d["nccl_backend"] = dist.is_nccl_available()
-        d["gloo_backend"] = dist.is_gloo_available()
-    except Exception:
-        pass
+    print("@@TORCH@@" + json.dumps(d))
+    sys.exit(0)
+d["importable"] = True
+d["version"] = torch.__version__
+d["cuda"] = torch.version.cuda
+try:
+    d["nccl"] = ".".join(str(x) for x in torch.cuda.nccl.version())
+except Exception:
+    d["nccl"] = None
+try:
+    d["cuda_available"] = torch.cuda.is_available()
+    n = torch.cuda.device_count()
+    d["device_count"] = n
+    d["devices"] = []
+    for i in range(n if d["cuda_available"] else 0):
+        p = torch.cuda.get_device_properties(i)
+        d["devices"].append({"name": p.name, "memory_mib": p.total_memory // 1048576})
+except Exception as e:
+    d["cuda_error"] = "%s: %s" % (type(e).__name__, e)
+try:
+    import torch.distributed as dist
+    d["nccl_backend"] = dist.is_nccl_available()
+    d["gloo_backend"] = dist.is_gloo_available()
+except Exception:
+    pass
 print("@@TORCH@@" + json.dumps(d))
+if path and "cuda_error" not in d:
+    try:
+        os.makedirs(cache_dir, exist_ok=True)
+        tmp = "%s.%d" % (path, os.getpid())
+        with open(tmp, "w") as f:
+            json.dump(d, f)
+        os.replace(tmp, path)
+    except OSError:
+        pass
 """
+
+
+def cache_dir(req: Dict[str, Any]) -> str:
+    """Where torch facts are cached on this host ("" when the request says not to)."""
+    if req.get("no_cache"):
+        return ""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "ddpctl")
 
 
 def run(argv: List[str], timeout: float = CMD_TIMEOUT_S) -> str:
@@ -80,11 +136,24 @@ def fact_python(req: Dict[str, Any]) -> Dict[str, Any]:
             "agent_version": platform.python_version(), "path_env": os.environ.get("PATH", "")}
 
 
+def cached_in_process(python: str, cache: str) -> Optional[Dict[str, Any]]:
+    """When the agent runs under the inventory's interpreter, read the cache without a child."""
+    if not cache or os.path.realpath(python) != os.path.realpath(sys.executable):
+        return None
+    namespace: Dict[str, Any] = {}
+    exec(compile(CACHE_KEY_SRC, "ddpctl-torch-cache", "exec"), namespace)
+    found: Optional[Dict[str, Any]] = namespace["cached"](cache)[1]
+    return found
+
+
 def fact_torch(req: Dict[str, Any]) -> Dict[str, Any]:
     python = shutil.which(str(req.get("python") or "python3"))
     if python is None:
         raise FileNotFoundError("interpreter %s not found" % req.get("python"))
-    proc = subprocess.run([python, "-c", TORCH_SNIPPET], stdout=subprocess.PIPE,
+    hit = cached_in_process(python, cache_dir(req))
+    if hit is not None:
+        return hit
+    proc = subprocess.run([python, "-c", TORCH_SNIPPET, cache_dir(req)], stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, universal_newlines=True,
                           timeout=TORCH_TIMEOUT_S, check=False)
     return factparse.parse_torch_output(proc.returncode, proc.stdout, proc.stderr)
@@ -163,14 +232,20 @@ def fact_firewall(req: Dict[str, Any]) -> Dict[str, Any]:
 def fact_master_port(req: Dict[str, Any]) -> Dict[str, Any]:
     port = int(req["master_port"])
     out: Dict[str, Any] = {"port": port}
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("0.0.0.0", port))
-            out["bindable"] = True
-        except OSError as exc:
-            out["bindable"] = False
-            out["bind_error"] = str(exc)
+    if "_bound_by_probe" in req:  # the probe listener already tried this port
+        out["bindable"] = bool(req["_bound_by_probe"])
+        out["bind_error"] = req.get("_bind_error")
+    else:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind(("0.0.0.0", port))
+                out["bindable"] = True
+            except OSError as exc:
+                out["bindable"] = False
+                out["bind_error"] = str(exc)
+    if out["bindable"]:
+        return out
     try:
         from node_agent.ports import find_owners  # lands separately; facts work without it
     except ImportError:
@@ -242,9 +317,8 @@ def sub_facts(req: Dict[str, Any]) -> Dict[str, Callable[[Dict[str, Any]], Any]]
     return table
 
 
-def gather(request: Dict[str, Any], control: BinaryIO) -> Dict[str, Any]:
+def collect(request: Dict[str, Any], started: float) -> Dict[str, Any]:
     """Run every sub-fact (in parallel threads: the torch import dominates) and collect them."""
-    started = time.monotonic()
     facts: Dict[str, Any] = {"hostname": socket.gethostname()}
     errors: Dict[str, str] = {}
     table = sub_facts(request)
@@ -258,3 +332,26 @@ def gather(request: Dict[str, Any], control: BinaryIO) -> Dict[str, Any]:
     facts["elapsed_s"] = time.monotonic() - started
     facts["time"] = time.time()
     return {"facts": facts, "errors": errors}
+
+
+def gather(request: Dict[str, Any], control: BinaryIO) -> Dict[str, Any]:
+    """The facts op. With request["probe"] = {"ports": [...], "timeout": s} it first listens on
+    those ports (event `listening`), then sends the facts as event `facts`, then serves
+    `CONNECT` control lines until stdin EOF (see node_agent/probe.py)."""
+    started = time.monotonic()
+    spec = request.get("probe")
+    if not spec:
+        return collect(request, started)
+    from node_agent import probe
+
+    sockets, ports = probe.open_listeners([int(p) for p in spec.get("ports") or [0]])
+    probe.listening_event(ports)
+    master = [p for p in ports if request.get("master_port") and
+              p["requested"] == int(request["master_port"])]
+    if master:
+        request = dict(request, _bound_by_probe=master[0]["port"] is not None,
+                       _bind_error=master[0]["error"])
+    result = collect(request, started)
+    emit_event("facts", **result)
+    result["probe"] = probe.serve(sockets, ports, control, float(spec.get("timeout") or 120.0))
+    return result

@@ -1,14 +1,19 @@
-"""The "listen" and "connect" ops: doctor's active TCP probe between every pair of hosts."""
+"""The "listen" and "connect" ops: doctor's active TCP probe between every pair of hosts.
+
+A listener also serves `CONNECT` control lines, so one agent per host can both listen and dial
+(doctor runs its whole probe inside the facts session this way).
+"""
 
 from __future__ import annotations
 
 import errno
+import json
 import select
 import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, BinaryIO, Dict, List
+from typing import Any, BinaryIO, Dict, List, Tuple
 
 from node_agent.protocol import emit_event
 
@@ -29,19 +34,39 @@ def _bind(port: int) -> socket.socket:
     return s
 
 
-def _watch_control(control: BinaryIO, done: threading.Event) -> None:
+def _drain(conn: socket.socket, conns: List[socket.socket]) -> None:
     try:
-        while control.readline():
-            pass
+        data = conn.recv(4096)
+    except OSError:
+        data = b""
+    if not data:
+        conns.remove(conn)
+        conn.close()
+
+
+def _drain_all(conns: List[socket.socket], seconds: float) -> None:
+    """Give peers a moment to close first (their FINs are usually already queued)."""
+    deadline = time.monotonic() + seconds
+    while conns and time.monotonic() < deadline:
+        readable, _, _ = select.select(conns, [], [], 0.05)
+        for conn in readable:
+            _drain(conn, conns)
+
+
+def _watch_control(control: BinaryIO, done: threading.Event) -> None:
+    """Serve control lines until EOF: `CONNECT {"targets": [...], "timeout": s}` runs a connect
+    round and emits a `connected` event with its results."""
+    try:
+        for line in iter(control.readline, b""):
+            if line.startswith(b"CONNECT "):
+                emit_event("connected", **connect(json.loads(line[8:].decode()), control))
     except (OSError, ValueError):
         pass
     done.set()
 
 
-def listen(request: Dict[str, Any], control: BinaryIO) -> Dict[str, Any]:
-    """Listen on each requested port (0: ephemeral) until control EOF or the timeout."""
-    wanted = [int(p) for p in request.get("ports") or [request.get("port", 0)]]
-    timeout = float(request.get("timeout") or DEFAULT_LISTEN_TIMEOUT_S)
+def open_listeners(wanted: List[int]) -> Tuple[Dict[int, socket.socket], List[Dict[str, Any]]]:
+    """Bind each wanted port (0: ephemeral); a port that cannot be bound records its error."""
     sockets: Dict[int, socket.socket] = {}
     ports: List[Dict[str, Any]] = []
     for want in wanted:
@@ -53,26 +78,49 @@ def listen(request: Dict[str, Any], control: BinaryIO) -> Dict[str, Any]:
         port = int(s.getsockname()[1])
         sockets[port] = s
         ports.append({"requested": want, "port": port, "error": None, "peers": []})
+    return sockets, ports
+
+
+def listening_event(ports: List[Dict[str, Any]]) -> None:
     emit_event("listening", ports=[{"requested": p["requested"], "port": p["port"],
                                     "error": p["error"]} for p in ports])
+
+
+def serve(sockets: Dict[int, socket.socket], ports: List[Dict[str, Any]], control: BinaryIO,
+          timeout: float) -> Dict[str, Any]:
+    """Accept (recording peers) and serve control commands until control EOF or the timeout."""
     done = threading.Event()
     threading.Thread(target=_watch_control, args=(control, done), daemon=True).start()
     by_port = {p["port"]: p for p in ports if p["port"] is not None}
+    conns: List[socket.socket] = []  # kept until the peer closes, so TIME_WAIT lands on its side
     deadline = time.monotonic() + timeout
     try:
-        while sockets and not done.is_set() and time.monotonic() < deadline:
-            readable, _, _ = select.select(list(sockets.values()), [], [], 0.2)
+        while not done.is_set() and time.monotonic() < deadline:
+            readable, _, _ = select.select(list(sockets.values()) + conns, [], [], 0.2)
             for s in readable:
+                if s in conns:
+                    _drain(s, conns)
+                    continue
                 try:
                     conn, peer = s.accept()
                 except OSError:
                     continue
-                conn.close()
+                conns.append(conn)
                 by_port[int(s.getsockname()[1])]["peers"].append(str(peer[0]))
+        _drain_all(conns, 0.5)
     finally:
-        for s in sockets.values():
+        for s in list(sockets.values()) + conns:
             s.close()
     return {"ports": ports, "timed_out": not done.is_set()}
+
+
+def listen(request: Dict[str, Any], control: BinaryIO) -> Dict[str, Any]:
+    """Listen on each requested port (0: ephemeral) until control EOF or the timeout."""
+    wanted = [int(p) for p in request.get("ports") or [request.get("port", 0)]]
+    sockets, ports = open_listeners(wanted)
+    listening_event(ports)
+    return serve(sockets, ports, control, float(request.get("timeout") or
+                                                DEFAULT_LISTEN_TIMEOUT_S))
 
 
 def classify(exc: BaseException) -> str:

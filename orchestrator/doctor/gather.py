@@ -1,61 +1,55 @@
-"""Doctor's two network phases: one facts round trip per host, then the cross-host TCP probe."""
+"""Doctor's network work: one agent session per host that gathers the facts and, in the same
+session, listens and dials for the cross-host TCP probe (one round trip of facts, then one probe
+phase driven over the session's control channel)."""
 
 from __future__ import annotations
 
+import json
 import queue
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from inventory import Host
 from node_agent.protocol import parse_line
-from orchestrator.agent import call_agent, start_agent
+from orchestrator.agent import start_agent
 from orchestrator.doctor.model import DoctorContext, HostFacts, ProbeOutcome, ProbeResults
 from orchestrator.errors import HostError, HostErrorKind
 from orchestrator.hosts import FanOut, HostPool
 from orchestrator.transport import RunningCommand, Transport
 
 ENV_PREFIXES = ("NCCL_", "GLOO_", "TORCH_", "MASTER_")
-LISTEN_START_TIMEOUT_S = 30.0
 
 
-def facts_request(ctx: DoctorContext, host: Host) -> dict[str, Any]:
-    return {
+def facts_request(ctx: DoctorContext, host: Host, probe: bool) -> dict[str, Any]:
+    is_master = host.name == ctx.master.name and ctx.master_port is not None
+    request: dict[str, Any] = {
         "python": host.python,
         "workdir": ctx.workdirs.get(host.name),
         "script": ctx.script,
         "master_addr": ctx.master_addr,
         "master_port": ctx.master_port,
-        "check_port": host.name == ctx.master.name and ctx.master_port is not None,
+        "check_port": is_master,
         "env_names": sorted(ctx.env),
         "env_prefixes": list(ENV_PREFIXES),
+        "no_cache": not ctx.use_cache,
     }
-
-
-def gather_facts(pool: HostPool, ctx: DoctorContext) -> FanOut[HostFacts]:
-    """One agent round trip per host, all hosts in parallel."""
-    by_name = {h.name: h for h in ctx.hosts}
-
-    def one(transport: Transport) -> HostFacts:
-        host = by_name[transport.host.name]
-        sent = time.time()
-        reply = call_agent(transport, "facts", facts_request(ctx, host), timeout=ctx.timeout_s)
-        received = time.time()
-        return HostFacts(host.name, reply.result.get("facts", {}), reply.result.get("errors", {}),
-                         sent, received)
-
-    return pool.map(ctx.hosts, one)
+    if probe:
+        request["probe"] = {"ports": [0, ctx.master_port] if is_master else [0],
+                            "timeout": ctx.timeout_s * 2}
+    return request
 
 
 @dataclass
-class Listener:
-    """A running `listen` op: its bound ports and, once closed, the peers that connected."""
+class Session:
+    """One host's running facts op: its events, in order, as they arrive."""
 
     host: str
     running: RunningCommand
     events: queue.Queue[dict[str, Any]] = field(default_factory=queue.Queue)
+    other: list[str] = field(default_factory=list)  # non-protocol output, for error messages
 
     def pump(self) -> None:
         try:
@@ -64,51 +58,72 @@ class Listener:
                     data = parse_line(line.text) if line.stream == "stdout" else None
                 except ValueError:
                     data = None
-                if data is not None:
+                if data is None:
+                    self.other.append(line.text)
+                else:
                     self.events.put(data)
         finally:
             self.events.put({"event": "eof"})
 
-    def next_event(self, timeout: float) -> dict[str, Any]:
+    def wait_for(self, name: str, deadline: float) -> dict[str, Any]:
+        """The next `name` event; an early result, EOF or the deadline is this host's error."""
+        while True:
+            try:
+                event = self.events.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise HostError(self.host, HostErrorKind.TIMEOUT,
+                                f"the node agent sent no {name} in time",
+                                "check the host's load, or raise --timeout") from None
+            if event.get("event") == name:
+                return event
+            if event.get("event") in ("result", "eof"):
+                err = (event.get("result") or {}).get("error") or {}
+                detail = f"{err.get('type')}: {err.get('message')}" if err else \
+                    "\n".join(self.other[-5:]) or "(no output)"
+                raise HostError(self.host, HostErrorKind.AGENT,
+                                f"the node agent stopped before sending {name}: {detail}",
+                                "check that python3 (>= 3.8) runs on the host in a "
+                                "non-interactive shell")
+
+    def send(self, command: str, payload: dict[str, Any]) -> None:
+        self.running.send(f"{command} {json.dumps(payload)}\n".encode())
+
+
+@dataclass
+class Opened:
+    """A session that has listened and sent its facts."""
+
+    session: Session
+    facts: HostFacts
+    ports: dict[int, int | None]  # requested port -> bound port (None: busy)
+
+
+def open_sessions(pool: HostPool, ctx: DoctorContext, probe: bool) -> FanOut[Opened]:
+    """Start the facts op on every host in parallel and wait for each one's facts."""
+    by_name = {h.name: h for h in ctx.hosts}
+
+    def one(transport: Transport) -> Opened:
+        host = by_name[transport.host.name]
+        sent = time.time()
+        deadline = time.monotonic() + ctx.timeout_s
+        session = Session(host.name, start_agent(transport, "facts",
+                                                 facts_request(ctx, host, probe)))
+        threading.Thread(target=session.pump, daemon=True).start()
         try:
-            return self.events.get(timeout=timeout)
-        except queue.Empty:
-            raise HostError(self.host, HostErrorKind.TIMEOUT,
-                            f"the probe listener did not answer within {timeout:.0f}s") from None
+            ports: dict[int, int | None] = {}
+            if probe:
+                listening = session.wait_for("listening", deadline)
+                ports = {int(p["requested"]): p.get("port") for p in listening.get("ports", [])}
+            event = session.wait_for("facts", deadline) if probe else \
+                session.wait_for("result", deadline)["result"]
+        except HostError:
+            session.running.abort()
+            raise
+        facts = HostFacts(host.name, event.get("facts", {}), event.get("errors", {}), sent,
+                          time.time())
+        return Opened(session, facts, ports)
 
-    def ports(self, timeout: float) -> dict[int, int | None]:
-        """requested port -> bound port (None when binding failed)."""
-        event = self.next_event(timeout)
-        if event.get("event") != "listening":
-            raise HostError(self.host, HostErrorKind.AGENT,
-                            f"the probe listener failed to start: {event}")
-        return {int(p["requested"]): p.get("port") for p in event.get("ports", [])}
-
-    def close(self, timeout: float = 10.0) -> None:
-        self.running.close_stdin()
-        if self.running.wait(timeout) is None:
-            self.running.abort()
-
-
-def start_listeners(pool: HostPool, ctx: DoctorContext, hosts: Sequence[Host],
-                    ) -> tuple[dict[str, Listener], dict[str, dict[int, int | None]], dict[str, str]]:
-    listeners: dict[str, Listener] = {}
-    lock = threading.Lock()
-
-    def one(transport: Transport) -> dict[int, int | None]:
-        name = transport.host.name
-        wanted = [0]
-        if name == ctx.master.name and ctx.master_port is not None:
-            wanted.append(ctx.master_port)
-        running = start_agent(transport, "listen", {"ports": wanted, "timeout": ctx.timeout_s})
-        listener = Listener(name, running)
-        with lock:
-            listeners[name] = listener
-        threading.Thread(target=listener.pump, daemon=True).start()
-        return listener.ports(LISTEN_START_TIMEOUT_S)
-
-    fan = pool.map(hosts, one)
-    return listeners, fan.succeeded, {h: e.message for h, e in fan.failed.items()}
+    return pool.map(ctx.hosts, one)
 
 
 @dataclass(frozen=True)
@@ -129,13 +144,14 @@ def probe_address(host: Host, facts: HostFacts | None) -> str:
     return host.address
 
 
-def plan_targets(ctx: DoctorContext, bound: dict[str, dict[int, int | None]],
-                 facts: dict[str, HostFacts], hosts: Sequence[Host]) -> list[Target]:
+def plan_targets(ctx: DoctorContext, opened: dict[str, Opened]) -> list[Target]:
     targets = []
-    for host in hosts:
-        ports = bound.get(host.name, {})
+    for host in ctx.hosts:
+        if host.name not in opened:
+            continue
+        ports = opened[host.name].ports
         if ports.get(0):
-            targets.append(Target(host.name, probe_address(host, facts.get(host.name)),
+            targets.append(Target(host.name, probe_address(host, opened[host.name].facts),
                                   int(ports[0] or 0), "ephemeral"))
         if ctx.master_port is not None and ports.get(ctx.master_port):
             targets.append(Target(host.name, ctx.master_addr, ctx.master_port, "master_port"))
@@ -146,49 +162,41 @@ def _bracket(addr: str) -> str:
     return f"[{addr}]" if ":" in addr else addr
 
 
-def run_connects(pool: HostPool, ctx: DoctorContext, hosts: Sequence[Host],
-                 targets: list[Target]) -> ProbeResults:
+def run_probe(ctx: DoctorContext, opened: dict[str, Opened]) -> ProbeResults:
+    """Every host dials every other host's listeners at once; results come back as events."""
     out = ProbeResults()
-
-    def one(transport: Transport) -> list[ProbeOutcome]:
-        mine = [t for t in targets if t.host != transport.host.name]
-        args = {"targets": [f"{_bracket(t.address)}:{t.port}" for t in mine],
-                "timeout": ctx.connect_timeout_s}
-        reply = call_agent(transport, "connect", args, timeout=ctx.timeout_s)
-        results = reply.result.get("results", [])
-        return [ProbeOutcome(transport.host.name, t.host, t.address, t.port, t.purpose,
-                             bool(r.get("ok")), str(r.get("kind")), str(r.get("error") or ""))
-                for t, r in zip(mine, results, strict=False)]
-
-    fan = pool.map(hosts, one)
-    for name in (h.name for h in hosts):
-        if name in fan.succeeded:
-            out.outcomes.extend(fan.succeeded[name])
-        elif name in fan.failed:
-            out.errors[name] = fan.failed[name].message
+    targets = plan_targets(ctx, opened)
+    mine = {name: [t for t in targets if t.host != name] for name in opened}
+    for name, o in opened.items():
+        o.session.send("CONNECT", {"targets": [f"{_bracket(t.address)}:{t.port}"
+                                               for t in mine[name]],
+                                   "timeout": ctx.connect_timeout_s})
+    deadline = time.monotonic() + ctx.connect_timeout_s * 2 + 30
+    for name, o in opened.items():
+        try:
+            results = o.session.wait_for("connected", deadline).get("results", [])
+        except HostError as err:
+            out.errors[name] = err.message
+            continue
+        out.outcomes += [ProbeOutcome(name, t.host, t.address, t.port, t.purpose,
+                                      bool(r.get("ok")), str(r.get("kind")),
+                                      str(r.get("error") or ""))
+                         for t, r in zip(mine[name], results, strict=False)]
+    master = opened.get(ctx.master.name)
+    if ctx.master_port is None:
+        out.skipped["master_port"] = 'master_port = "auto"'
+    elif master is None:
+        out.skipped["master_port"] = f"{ctx.master.name} did not answer"
+    elif not master.ports.get(ctx.master_port):
+        out.skipped["master_port"] = f"port {ctx.master_port} is busy on {ctx.master.name}"
     return out
 
 
-def run_probes(pool: HostPool, ctx: DoctorContext, facts: dict[str, HostFacts],
-               notice: Callable[[str], None] = lambda _: None) -> ProbeResults:
-    """Every reachable host listens (the master also on the master port), every other connects."""
-    hosts = [h for h in ctx.hosts if h.name in facts]
-    if len(hosts) < 2:
-        return ProbeResults(skipped={"ephemeral": "fewer than two reachable hosts",
-                                     "master_port": "fewer than two reachable hosts"})
-    notice(f"probing TCP between {len(hosts)} hosts")
-    listeners, bound, errors = start_listeners(pool, ctx, hosts)
-    try:
-        results = run_connects(pool, ctx, hosts, plan_targets(ctx, bound, facts, hosts))
-    finally:
-        for listener in listeners.values():
-            listener.close()
-    results.errors.update(errors)
-    master_ports = bound.get(ctx.master.name, {})
-    if ctx.master_port is None:
-        results.skipped["master_port"] = 'master_port = "auto"'
-    elif ctx.master.name not in bound:
-        results.skipped["master_port"] = f"no listener on {ctx.master.name}"
-    elif not master_ports.get(ctx.master_port):
-        results.skipped["master_port"] = f"port {ctx.master_port} is busy on {ctx.master.name}"
-    return results
+def close_all(sessions: Sequence[Session], timeout: float = 10.0) -> None:
+    """EOF every session first, then wait for them together (not one after another)."""
+    for s in sessions:
+        s.running.close_stdin()
+    deadline = time.monotonic() + timeout
+    for s in sessions:
+        if s.running.wait(max(0.1, deadline - time.monotonic())) is None:
+            s.running.abort()

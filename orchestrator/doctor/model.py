@@ -57,6 +57,7 @@ class DoctorContext:
     nproc_per_node: object = 1
     connect_timeout_s: float = 3.0
     timeout_s: float = 120.0
+    use_cache: bool = True  # hosts may reuse torch facts cached under an exact key
 
     def host_env(self, host: Host, host_facts_env: Mapping[str, str]) -> dict[str, str]:
         """The env a launched process sees: host env < inventory env < job env."""
@@ -113,12 +114,15 @@ class Report:
     hosts: list[str]
     checks: list[str]
     findings: list[Finding]
+    unreachable: set[str] = field(default_factory=set)
     elapsed_s: float = 0.0
+    phases: dict[str, float] = field(default_factory=dict)  # phase -> seconds
 
     def cell(self, host: str, check: str) -> CheckStatus:
-        """The worst status of `check` on `host` (cluster-wide findings count for every host)."""
-        statuses = [f.status for f in self.findings
-                    if f.check == check and f.host in (host, None)]
+        """The worst status of `check` on `host` (cluster-wide findings count for every host
+        that answered)."""
+        scopes = (host,) if host in self.unreachable else (host, None)
+        statuses = [f.status for f in self.findings if f.check == check and f.host in scopes]
         return max(statuses, key=lambda s: s.rank, default=CheckStatus.SKIP)
 
     def count(self, status: CheckStatus) -> int:
@@ -139,4 +143,5 @@ class Report:
             "summary": {s.value: self.count(s) for s in CheckStatus},
             "findings": [f.to_json() for f in self.findings],
             "elapsed_s": round(self.elapsed_s, 3),
+            "phases": {k: round(v, 3) for k, v in self.phases.items()},
         }

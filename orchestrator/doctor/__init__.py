@@ -1,0 +1,47 @@
+"""`ddpctl doctor`: one agent session per host (facts, then the TCP probe), pure checks, a report."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from orchestrator.doctor.checks import CHECKS, run_checks
+from orchestrator.doctor.gather import close_all, open_sessions, run_probe
+from orchestrator.doctor.model import (
+    CheckStatus,
+    DoctorContext,
+    Finding,
+    HostFacts,
+    Observations,
+    ProbeResults,
+    Report,
+)
+from orchestrator.hosts import HostPool
+
+__all__ = ["CheckStatus", "DoctorContext", "Finding", "HostFacts", "Report", "run_doctor"]
+
+TOO_FEW = "fewer than two reachable hosts"
+
+
+def run_doctor(ctx: DoctorContext, pool: HostPool,
+               notice: Callable[[str], None] = lambda _: None) -> Report:
+    """Gather, probe, check. Host failures become findings; nothing here raises for a host."""
+    started = time.monotonic()
+    probe = len(ctx.hosts) > 1
+    notice(f"gathering facts from {len(ctx.hosts)} host(s)")
+    fan = open_sessions(pool, ctx, probe)
+    gathered = time.monotonic()
+    try:
+        if probe and len(fan.succeeded) > 1:
+            notice(f"probing TCP between {len(fan.succeeded)} hosts")
+            probes = run_probe(ctx, fan.succeeded)
+        else:
+            probes = ProbeResults(skipped={"ephemeral": TOO_FEW, "master_port": TOO_FEW})
+    finally:
+        close_all([o.session for o in fan.succeeded.values()])
+    phases = {"facts_s": gathered - started, "probe_s": time.monotonic() - gathered}
+    facts = {name: o.facts for name, o in fan.succeeded.items()}
+    obs = Observations(ctx=ctx, facts=facts, failed=fan.failed, probes=probes)
+    return Report(hosts=[h.name for h in ctx.hosts], checks=[name for name, _ in CHECKS],
+                  findings=run_checks(obs), unreachable=set(fan.failed),
+                  elapsed_s=time.monotonic() - started, phases=phases)

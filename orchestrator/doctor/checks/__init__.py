@@ -1,0 +1,39 @@
+"""Every doctor check, in table column order; a check that raises becomes a FAIL finding."""
+
+from __future__ import annotations
+
+import traceback
+
+from orchestrator.doctor.checks import agreement, clock, firewall, ifname, names, nccl, node, port
+from orchestrator.doctor.checks import ssh as ssh_check
+from orchestrator.doctor.checks.base import Check, fail
+from orchestrator.doctor.model import Finding, Observations
+
+CHECKS: tuple[tuple[str, Check], ...] = (
+    ("ssh", ssh_check.check),
+    ("python", node.check_python),
+    ("gpu", node.check_gpu),
+    ("versions", agreement.check_versions),
+    ("workdir", agreement.check_workdir),
+    ("firewall", firewall.check),
+    ("port", port.check),
+    ("ifname", ifname.check),
+    ("nccl", nccl.check),
+    ("dns", names.check),
+    ("clock", clock.check),
+)
+
+
+def run_check(name: str, check: Check, obs: Observations) -> list[Finding]:
+    try:
+        return check(obs)
+    except Exception as exc:
+        return [fail(name, None, f"the {name} check crashed: {type(exc).__name__}: {exc}",
+                     traceback.format_exc(limit=3), "this is a ddpctl bug: please report it")]
+
+
+def run_checks(obs: Observations) -> list[Finding]:
+    findings: list[Finding] = []
+    for name, check in CHECKS:
+        findings += run_check(name, check, obs)
+    return findings

@@ -1,0 +1,91 @@
+"""Check 8: master_addr resolves everywhere to the same non-loopback address; unique hostnames."""
+
+from __future__ import annotations
+
+import ipaddress
+from collections import defaultdict
+
+from orchestrator.doctor.checks.base import fail, majority, ok, warn
+from orchestrator.doctor.model import Finding, HostFacts, Observations
+
+CHECK = "dns"
+
+
+def is_loopback(addr: str) -> bool:
+    try:
+        return ipaddress.ip_address(addr).is_loopback
+    except ValueError:
+        return False
+
+
+def first_address(hf: HostFacts) -> dict[str, str] | None:
+    master = (hf.get("resolution") or {}).get("master") or []
+    return master[0] if master else None
+
+
+def compared_address(hf: HostFacts) -> str | None:
+    """The first IPv4 address (else the first address): what hosts must agree on."""
+    master = (hf.get("resolution") or {}).get("master") or []
+    v4 = [a for a in master if a.get("family") == "inet"]
+    return str((v4 or master)[0]["address"]) if master else None
+
+
+def host_findings(host: str, hf: HostFacts, addr: str, local_only: bool) -> list[Finding]:
+    if hf.errors.get("resolution"):
+        return [fail(CHECK, host, f"master_addr {addr} does not resolve on {host}",
+                     hf.errors["resolution"],
+                     f"add `<master address> {addr}` to /etc/hosts on {host} or fix DNS, or set "
+                     "master_addr to an IP address")]
+    first = first_address(hf)
+    if first is None:
+        return []
+    out: list[Finding] = []
+    if is_loopback(first["address"]) and not local_only:
+        out.append(fail(CHECK, host, f"master_addr {addr} resolves to loopback "
+                        f"{first['address']} on {host}: peers cannot reach it",
+                        "/etc/hosts maps the name to a loopback address (the 127.0.1.1 "
+                        "hostname line)", f"on {host}: edit /etc/hosts so {addr} maps to its "
+                        "real address, or set master_addr to that address"))
+    routes = (hf.get("resolution") or {}).get("routes") or {}
+    route = routes.get(first["address"]) or {}
+    if first["family"] == "inet6" and route.get("error"):
+        out.append(warn(CHECK, host, f"master_addr {addr} resolves IPv6-first "
+                        f"({first['address']}) but {host} has no IPv6 route to it",
+                        str(route["error"]), "set master_addr to the IPv4 address, or add "
+                        "`precedence ::ffff:0:0/96 100` to /etc/gai.conf"))
+    return out
+
+
+def duplicate_hostnames(obs: Observations) -> list[Finding]:
+    by_name: dict[str, list[str]] = defaultdict(list)
+    for host, hf in obs.facts.items():
+        if hf.get("hostname"):
+            by_name[str(hf.get("hostname"))].append(host)
+    out = []
+    for hostname, hosts in by_name.items():
+        if len(hosts) > 1:
+            out += [warn(CHECK, h, f"hostname {hostname!r} is shared by {', '.join(hosts)}",
+                         "NCCL and torchrun tell nodes apart by hostname",
+                         f"give each host a unique name (on {h}: sudo hostnamectl set-hostname "
+                         "<name>)") for h in hosts]
+    return out
+
+
+def check(obs: Observations) -> list[Finding]:
+    out: list[Finding] = []
+    addr = obs.ctx.master_addr
+    local_only = all(h.is_local for h in obs.ctx.hosts)
+    for host, hf in obs.facts.items():
+        out += host_findings(host, hf, addr, local_only)
+    firsts = {h: a for h, hf in obs.facts.items() if (a := compared_address(hf)) is not None}
+    common, odd = majority(firsts)
+    for host in odd:
+        out.append(fail(CHECK, host, f"master_addr {addr} resolves to {firsts[host]} on {host} "
+                        f"but to {common} on the other hosts",
+                        "; ".join(f"{h}={a}" for h, a in firsts.items()),
+                        f"fix /etc/hosts or DNS on {host}, or set master_addr to {common}"))
+    out += duplicate_hostnames(obs)
+    bad = {f.host for f in out}
+    out += [ok(CHECK, h, f"master_addr {addr} -> {firsts.get(h)}") for h in obs.facts
+            if h not in bad]
+    return out

@@ -1,0 +1,51 @@
+"""Check 1: passwordless SSH and a working agent, from the pool's per-host errors."""
+
+from __future__ import annotations
+
+from orchestrator.doctor.checks.base import fail, ok
+from orchestrator.doctor.model import Finding, Observations
+from orchestrator.errors import HostError, HostErrorKind
+
+CHECK = "ssh"
+
+WHAT = {
+    HostErrorKind.UNREACHABLE: "host unreachable",
+    HostErrorKind.SSHD_DOWN: "sshd is not running (connection refused on the SSH port)",
+    HostErrorKind.UNRESOLVED: "host name does not resolve",
+    HostErrorKind.UNKNOWN_HOST_KEY: "unknown host key",
+    HostErrorKind.CHANGED_HOST_KEY: "host key changed",
+    HostErrorKind.AUTH: "key not authorized (passwordless SSH is not set up)",
+    HostErrorKind.TIMEOUT: "timed out",
+    HostErrorKind.LOST: "connection lost",
+    HostErrorKind.AGENT: "the node agent failed",
+    HostErrorKind.PROTOCOL: "SSH protocol error",
+}
+
+DEFAULT_FIX = {
+    HostErrorKind.UNREACHABLE: "check that {host} is up and that port 22 is open from here",
+    HostErrorKind.SSHD_DOWN: "on {host}: sudo systemctl start ssh (or sshd)",
+    HostErrorKind.UNRESOLVED: "add {host} to /etc/hosts or DNS, or set its address in the inventory",
+    HostErrorKind.UNKNOWN_HOST_KEY: "ssh-keyscan {host} >> ~/.ssh/known_hosts (after checking the "
+                                    "fingerprint), or pass --accept-new-host-keys",
+    HostErrorKind.CHANGED_HOST_KEY: "ssh-keygen -R {host}, then verify and record the new key",
+    HostErrorKind.AUTH: "ssh-copy-id {host}",
+    HostErrorKind.AGENT: "check that python3 (>= 3.8) runs on {host} in a non-interactive shell",
+}
+
+
+def finding_for(name: str, address: str, err: HostError) -> Finding:
+    fix = err.fix or DEFAULT_FIX.get(err.kind, "").format(host=address)
+    return fail(CHECK, name, WHAT.get(err.kind, err.kind.value),
+                f"{err.kind.value}: {err.message}", fix)
+
+
+def check(obs: Observations) -> list[Finding]:
+    out: list[Finding] = []
+    for host in obs.ctx.hosts:
+        if host.name in obs.failed:
+            out.append(finding_for(host.name, host.address, obs.failed[host.name]))
+        elif host.name in obs.facts:
+            hf = obs.facts[host.name]
+            out.append(ok(CHECK, host.name,
+                          f"connected, agent ran in {hf.received_at - hf.sent_at:.1f}s"))
+    return out

@@ -1,0 +1,44 @@
+"""Build doctor's context from a job file, an inventory, or nothing (this machine)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from inventory import Inventory, Job
+from orchestrator.doctor.model import DoctorContext
+
+DEFAULT_MASTER_PORT = 29500
+
+
+def from_job(job: Job, master_port: int | None = None, timeout_s: float = 120.0,
+             use_cache: bool = True) -> DoctorContext:
+    port = job.rendezvous.master_port if master_port is None else master_port
+    local_only = all(h.is_local for h in job.hosts)
+    return DoctorContext(
+        hosts=job.hosts,
+        master=job.master_host,
+        master_addr="127.0.0.1" if local_only else job.master_address,
+        master_port=None if port == "auto" else int(port),
+        workdirs={h.name: job.workdir_for(h) for h in job.hosts},
+        script=job.script,
+        env=dict(job.env),
+        nproc_per_node=job.nproc_per_node,
+        timeout_s=timeout_s,
+        use_cache=use_cache,
+    )
+
+
+def from_inventory(inventory: Inventory, master_port: int | None = None,
+                   timeout_s: float = 120.0, use_cache: bool = True) -> DoctorContext:
+    """Without a job: the first host is the master, port 29500, workdir from the inventory."""
+    master = inventory.hosts[0]
+    cwd = str(Path.cwd())
+    return DoctorContext(
+        hosts=inventory.hosts,
+        master=master,
+        master_addr=master.address,
+        master_port=master_port or DEFAULT_MASTER_PORT,
+        workdirs={h.name: h.workdir or cwd for h in inventory.hosts},
+        timeout_s=timeout_s,
+        use_cache=use_cache,
+    )

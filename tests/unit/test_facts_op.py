@@ -1,0 +1,159 @@
+"""The facts, listen and connect ops on this machine (LocalTransport; no SSH, no cluster)."""
+
+from __future__ import annotations
+
+import hashlib
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from inventory import LOCALHOST
+from node_agent import facts
+from orchestrator.agent import call_agent, start_agent
+from orchestrator.doctor.gather import Session, close_all
+from orchestrator.transport import LocalTransport
+
+
+def request(tmp_path: Path, **over: Any) -> dict[str, Any]:
+    base = {"python": sys.executable, "workdir": str(tmp_path), "script": "train.py",
+            "master_addr": "127.0.0.1", "master_port": 29999, "check_port": True,
+            "env_names": ["DDPCTL_TEST_VAR"], "env_prefixes": ["NCCL_"]}
+    return {**base, **over}
+
+
+def test_missing_interpreter_is_recorded_and_other_facts_still_come(tmp_path: Path) -> None:
+    result = facts.gather(request(tmp_path, python="/nonexistent/python9"), sys.stdin.buffer)
+    assert result["facts"]["python"]["found"] is None
+    assert "not found" in result["errors"]["torch"]
+    assert result["facts"]["workdir"]["exists"] is True
+    assert result["facts"]["script"] == {"path": str(tmp_path / "train.py"), "exists": False}
+    assert any(i["name"] == "lo" for i in result["facts"]["interfaces"])
+    assert result["facts"]["resolution"]["master"][0]["address"] == "127.0.0.1"
+
+
+def test_a_crashing_sub_fact_becomes_an_error_string(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    def boom(req: dict[str, Any]) -> None:
+        raise RuntimeError("ip exploded")
+
+    monkeypatch.setattr(facts, "fact_interfaces", boom)
+    result = facts.gather(request(tmp_path, python="/nonexistent/python9"), sys.stdin.buffer)
+    assert result["errors"]["interfaces"] == "RuntimeError: ip exploded"
+    assert "memlock" in result["facts"]
+
+
+def test_script_checksum_and_busy_master_port(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_bytes(b"print('hi')\n")
+    with socket.socket() as squatter:
+        squatter.bind(("0.0.0.0", 0))
+        squatter.listen()
+        port = squatter.getsockname()[1]
+        result = facts.gather(request(tmp_path, python="/nonexistent/python9", master_port=port),
+                              sys.stdin.buffer)
+    script = result["facts"]["script"]
+    assert script["sha256"] == hashlib.sha256(b"print('hi')\n").hexdigest()
+    assert result["facts"]["master_port"]["bindable"] is False
+
+
+def test_env_names_and_prefixes_are_read_from_the_host(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NCCL_DEBUG", "INFO")
+    monkeypatch.setenv("DDPCTL_TEST_VAR", "1")
+    monkeypatch.setenv("UNRELATED_VAR", "x")
+    env = facts.fact_env(request(tmp_path))
+    assert env["NCCL_DEBUG"] == "INFO" and env["DDPCTL_TEST_VAR"] == "1"
+    assert "UNRELATED_VAR" not in env
+
+
+@pytest.mark.torch
+def test_torch_facts_come_from_the_interpreter_then_from_the_cache(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("torch")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    first = facts.fact_torch(request(tmp_path))
+    assert first["importable"] is True and first["version"].startswith("2.")
+    assert "cached" not in first
+    assert len(list((tmp_path / "cache" / "ddpctl").glob("torch-facts-*.json"))) == 1
+    second = facts.fact_torch(request(tmp_path))
+    assert second.pop("cached") is True and second == first
+    assert "cached" not in facts.fact_torch(request(tmp_path, no_cache=True))
+
+
+def test_an_interpreter_without_torch_is_never_cached(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    venv = tmp_path / "bare"
+    (venv / "bin").mkdir(parents=True)
+    python = venv / "bin" / "python3"
+    python.write_text(f"#!/bin/sh\nexec {sys.executable} -S -I \"$@\"\n")
+    python.chmod(0o755)
+    got = facts.fact_torch(request(tmp_path, python=str(python)))
+    assert got["importable"] is False and "torch" in got["error"]
+    assert not (tmp_path / "cache" / "ddpctl").exists()
+
+
+def start_session(op: str, args: dict[str, Any]) -> Session:
+    session = Session("localhost", start_agent(LocalTransport(LOCALHOST), op, args))
+    threading.Thread(target=session.pump, daemon=True).start()
+    return session
+
+
+def final_result(session: Session) -> dict[str, Any]:
+    close_all([session])
+    return session.wait_for("result", time.monotonic() + 10)["result"]
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])  # bound, never listening: connects are refused
+
+
+def test_listen_then_connect_reports_ok_refused_and_peers() -> None:
+    session = start_session("listen", {"ports": [0]})
+    try:
+        port = session.wait_for("listening", time.monotonic() + 30)["ports"][0]["port"]
+        reply = call_agent(LocalTransport(LOCALHOST), "connect", {
+            "targets": [f"127.0.0.1:{port}", f"127.0.0.1:{closed_port()}"], "timeout": 2})
+    finally:
+        result = final_result(session)
+    ok, refused = reply.result["results"]
+    assert (ok["ok"], ok["kind"]) == (True, "ok")
+    assert (refused["ok"], refused["kind"]) == (False, "refused")
+    assert result["ports"][0]["peers"] == ["127.0.0.1"]
+
+
+def test_listen_reports_a_busy_port_and_still_listens_on_the_others() -> None:
+    with socket.socket() as squatter:
+        squatter.bind(("0.0.0.0", 0))
+        squatter.listen()
+        busy = squatter.getsockname()[1]
+        session = start_session("listen", {"ports": [busy, 0]})
+        try:
+            ports = session.wait_for("listening", time.monotonic() + 30)["ports"]
+        finally:
+            final_result(session)
+    assert ports[0]["port"] is None and "in use" in ports[0]["error"]
+    assert ports[1]["port"]
+
+
+def test_the_facts_session_listens_sends_facts_then_dials_on_command(tmp_path: Path) -> None:
+    session = start_session("facts", request(tmp_path, python="/nonexistent/python9",
+                                             probe={"ports": [0], "timeout": 60}))
+    try:
+        deadline = time.monotonic() + 60
+        port = session.wait_for("listening", deadline)["ports"][0]["port"]
+        facts_event = session.wait_for("facts", deadline)
+        session.send("CONNECT", {"targets": [f"127.0.0.1:{port}"], "timeout": 2})
+        connected = session.wait_for("connected", deadline)
+    finally:
+        result = final_result(session)
+    assert facts_event["facts"]["python"]["found"] is None
+    assert connected["results"][0]["ok"] is True
+    assert result["probe"]["ports"][0]["peers"] == ["127.0.0.1"]
+    assert result["facts"]["hostname"] == facts_event["facts"]["hostname"]
