@@ -17,7 +17,8 @@ from orchestrator.hosts import DEFAULT_PARALLEL, HostPool
 from orchestrator.ssh import SshOptions
 
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
-console = Console(highlight=False, soft_wrap=True)
+# Piped output (logs, CI) is not cut at 80 columns: tables of hosts x checks need room.
+console = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 160)
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.console import Console
+from rich.table import Table
 
-from inventory import ConfigError, JobOverrides, load_job
+from inventory import ConfigError, Job, JobOverrides, load_job
 from orchestrator.commands.common import (
     AcceptNewOpt,
     ConnectTimeoutOpt,
@@ -22,10 +25,11 @@ from orchestrator.commands.common import (
     load_inventory_arg,
     make_pool,
 )
-from orchestrator.doctor import DoctorContext, run_doctor
+from orchestrator.doctor import CheckStatus, DoctorContext, Finding, Report, run_doctor
+from orchestrator.doctor.collective import BandwidthReport, bandwidth_report, job_for, smoke_findings
 from orchestrator.doctor.context import from_inventory, from_job
 from orchestrator.doctor.render import render, to_json
-from orchestrator.hosts import DEFAULT_PARALLEL
+from orchestrator.hosts import DEFAULT_PARALLEL, HostPool
 
 JobArg = Annotated[Path | None, typer.Argument(help="Job file (job.toml); its hosts, env and "
                                                "rendezvous are checked.", dir_okay=False)]
@@ -40,7 +44,7 @@ TimeoutOpt = Annotated[float, typer.Option("--timeout", min=1.0,
 
 
 def build_context(job_file: Path | None, inventory: Path | None, master_port: int | None,
-                  timeout: float, use_cache: bool = True) -> DoctorContext:
+                  timeout: float, use_cache: bool = True) -> tuple[DoctorContext, Job | None]:
     if job_file is not None and inventory is not None:
         raise ConfigError("give a job file or --inventory, not both", key="--inventory",
                           hint="the job file names its inventory; drop -i")
@@ -49,8 +53,9 @@ def build_context(job_file: Path | None, inventory: Path | None, master_port: in
             raise ConfigError(f"job file {job_file} does not exist", file=job_file,
                               hint="pass the path of a job.toml")
         overrides = JobOverrides(master_port=master_port) if master_port else None
-        return from_job(load_job(job_file, overrides), master_port, timeout, use_cache)
-    return from_inventory(load_inventory_arg(inventory), master_port, timeout, use_cache)
+        job = load_job(job_file, overrides)
+        return from_job(job, master_port, timeout, use_cache), job
+    return from_inventory(load_inventory_arg(inventory), master_port, timeout, use_cache), None
 
 
 @handle_errors
@@ -67,12 +72,26 @@ def doctor_command(
     accept_new: AcceptNewOpt = False,
     parallel: ParallelOpt = DEFAULT_PARALLEL,
     connect_timeout: ConnectTimeoutOpt = 10.0,
+    smoke: Annotated[bool, typer.Option(
+        "--smoke", help="Then run a gloo all_reduce across all hosts through the real launch path.",
+        rich_help_panel="Launch-path checks")] = False,
+    bandwidth: Annotated[bool, typer.Option(
+        "--bandwidth", help="Then time all_reduce (1 KiB .. --max-bytes) across the hosts.",
+        rich_help_panel="Launch-path checks")] = False,
+    pairs: Annotated[bool, typer.Option(
+        "--pairs", help="With --bandwidth: also measure each host pair and flag slow ones.",
+        rich_help_panel="Launch-path checks")] = False,
+    max_bytes: Annotated[str, typer.Option(
+        "--max-bytes", help="Largest all_reduce message for --bandwidth (K/M/G suffixes).",
+        rich_help_panel="Launch-path checks")] = "64M",
+    runs_dir: Annotated[Path, typer.Option("--runs-dir", help="Where launch-path check logs go.",
+                                           rich_help_panel="Launch-path checks")] = Path("runs"),
 ) -> None:
     """Check every host (SSH, torch, versions, firewall, ports, NCCL/Gloo interfaces, DNS, clock).
 
     Exit 0 with no errors, 1 with any (--strict: or warnings), 2 for bad input.
     """
-    ctx = build_context(job_file, inventory, master_port, timeout, not no_cache)
+    ctx, job = build_context(job_file, inventory, master_port, timeout, not no_cache)
     pool = make_pool(ssh_config, known_hosts, accept_new, parallel, connect_timeout)
 
     def notice(text: str) -> None:
@@ -81,8 +100,54 @@ def doctor_command(
 
     with pool:
         report = run_doctor(ctx, pool, notice)
+        bw = None
+        if smoke or bandwidth:
+            bw = run_launch_checks(report, job_for(ctx, job), pool, notice, smoke, bandwidth, pairs, max_bytes,
+                                   runs_dir)
     if json_out:
         typer.echo(to_json(report, strict))
     else:
         render(report, console, strict)
+        if bw is not None and bw.table:
+            render_bandwidth(bw, console)
     raise typer.Exit(report.exit_code(strict))
+
+
+def run_launch_checks(report: Report, job: Job, pool: HostPool, notice: Callable[[str], None], smoke: bool,
+                      bandwidth: bool, pairs: bool, max_bytes: str, runs_dir: Path) -> BandwidthReport | None:
+    """After the other checks pass: the smoke test and/or the bandwidth table, as findings."""
+    wanted = [c for c, on in (("smoke", smoke), ("bandwidth", bandwidth)) if on]
+    report.checks += wanted
+    if report.count(CheckStatus.FAIL):
+        report.findings += [Finding(c, CheckStatus.SKIP, None, "not run: other checks failed",
+                                    fix="fix the errors above, then rerun") for c in wanted]
+        return None
+    if smoke:
+        notice("running the gloo all_reduce smoke test through the launch path")
+        report.findings += smoke_findings(job, pool, runs_dir)
+    if bandwidth and not report.count(CheckStatus.FAIL):
+        notice("timing all_reduce across the hosts" + (" and each pair" if pairs else ""))
+        bw = bandwidth_report(job, pool, runs_dir, pairs, max_bytes)
+        report.findings += bw.findings
+        report.bandwidth, report.pairs = bw.table, bw.pairs
+        return bw
+    return None
+
+
+def render_bandwidth(bw: BandwidthReport, out: Console) -> None:
+    assert bw.table is not None
+    table = Table("size", "time (us)", "algbw (GB/s)", "busbw (GB/s)",
+                  title=f"all_reduce, {bw.table['world_size']} ranks, {bw.table['backend']}")
+    for r in bw.table["results"]:
+        table.add_row(_size(r["size_bytes"]), f"{r['time_us']:.1f}", f"{r['algbw_gbps']:.3f}",
+                      f"{r['busbw_gbps']:.3f}")
+    out.print(table)
+    for pair, value in bw.pairs.items():
+        out.print(f"  pair {pair}: peak busbw {value:.3f} GB/s", markup=False)
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:g} {unit}"
+    return f"{n} B"

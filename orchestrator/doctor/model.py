@@ -117,6 +117,8 @@ class Report:
     unreachable: set[str] = field(default_factory=set)
     elapsed_s: float = 0.0
     phases: dict[str, float] = field(default_factory=dict)  # phase -> seconds
+    bandwidth: dict[str, Any] | None = None  # --bandwidth: the allreduce_bench BANDWIDTH json
+    pairs: dict[str, float] = field(default_factory=dict)  # --pairs: "a<->b" -> peak busbw GB/s
 
     def cell(self, host: str, check: str) -> CheckStatus:
         """The worst status of `check` on `host` (cluster-wide findings count for every host
@@ -144,4 +146,6 @@ class Report:
             "findings": [f.to_json() for f in self.findings],
             "elapsed_s": round(self.elapsed_s, 3),
             "phases": {k: round(v, 3) for k, v in self.phases.items()},
+            "bandwidth": self.bandwidth,
+            "pairs": self.pairs,
         }
