@@ -1,11 +1,159 @@
-"""Placeholder until this command lands."""
+"""`ddpctl kill-port`: show who holds a port (here or on hosts), confirm, kill the tree, verify."""
 
 from __future__ import annotations
 
+import difflib
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
 import typer
+from rich.table import Table
+
+from inventory import LOCALHOST, ConfigError, Host
+from orchestrator.commands.common import (
+    AcceptNewOpt,
+    ConnectTimeoutOpt,
+    InventoryOpt,
+    JsonOpt,
+    KnownHostsOpt,
+    ParallelOpt,
+    SshConfigOpt,
+    console,
+    err_console,
+    handle_errors,
+    load_inventory_arg,
+    make_pool,
+    print_host_error,
+)
+from orchestrator.killport import PortReport, find_port_owners, free_port
+
+PortArg = Annotated[int, typer.Argument(min=1, max=65535, help="The port to free (1-65535).", show_default=False)]
 
 
-def kill_port_command() -> None:
-    """Not available yet."""
-    typer.echo("ddpctl: this command is not available yet", err=True)
-    raise typer.Exit(1)
+def select_hosts(inventory: Path | None, names: list[str] | None, all_hosts: bool) -> list[Host]:
+    if not names and not all_hosts:
+        return [LOCALHOST]
+    if inventory is None:
+        raise ConfigError("--host and --all need an inventory", key="--inventory",
+                          hint="pass -i hosts.toml (or a hostfile)")
+    inv = load_inventory_arg(inventory)
+    if all_hosts:
+        return list(inv.hosts)
+    hosts = []
+    for name in names or []:
+        host = inv.get(name)
+        if host is None:
+            close = difflib.get_close_matches(name, inv.names(), n=3)
+            raise ConfigError(f"host {name!r} is not in {inventory}", key="--host",
+                              hint=f"did you mean {', '.join(close)}?" if close else f"known: {', '.join(inv.names())}")
+        hosts.append(host)
+    return hosts
+
+
+def age(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.1f}{unit}"
+    return f"{seconds:.0f}s"
+
+
+def owners_table(reports: list[PortReport], port: int) -> Table:
+    table = Table("host", "pid", "user", "command", "age", "state", "ddpctl job", "action",
+                  title=f"holders of port {port}")
+    for r in reports:
+        for o in r.owners:
+            action = "kill" + (" (torchrun tree)" if o.is_torchrun else " (+ children)") if o.refusal is None \
+                else f"refuse: {o.refusal}"
+            table.add_row(r.host, str(o.pid), o.user, o.command[:60], age(o.age_s), o.status,
+                          o.ddpctl_job_id or "-", action)
+    return table
+
+
+def describe_free(r: PortReport) -> str:
+    if r.owners:
+        return f"{r.host}: port {r.port} is held by {len(r.owners)} process(es)"
+    if r.time_wait:
+        return (f"{r.host}: port {r.port} has no process; only {r.time_wait} TIME_WAIT socket(s), gone in "
+                f"≤ {max(1, round(r.time_wait_max_s))} s (torchrun's store binds with SO_REUSEADDR, so it can "
+                "use the port now): nothing to kill")
+    return f"{r.host}: port {r.port} is free"
+
+
+def confirm(yes: bool, count: int) -> bool:
+    if yes:
+        return True
+    if not sys.stdin.isatty():
+        err_console.print("not a terminal: pass --yes to kill without asking (or --dry-run to only look)")
+        return False
+    return typer.confirm(f"kill {count} process(es) and their trees?", default=False)
+
+
+def report_json(port: int, reports: dict[str, PortReport], failed: dict[str, Any], code: int) -> str:
+    return json.dumps({"port": port, "exit_code": code, "hosts": {h: dict(r.raw) for h, r in reports.items()},
+                       "failed": {h: e.to_json() for h, e in failed.items()}}, default=str)
+
+
+@handle_errors
+def kill_port_command(
+    port: PortArg,
+    host: Annotated[list[str] | None, typer.Option("--host", help="Inventory host to act on (repeatable).")] = None,
+    inventory: InventoryOpt = None,
+    all_hosts: Annotated[bool, typer.Option("--all", help="Act on every inventory host.")] = False,
+    udp: Annotated[bool, typer.Option("--udp", help="A UDP port instead of TCP.")] = False,
+    grace: Annotated[float, typer.Option("--grace", min=0, help="Seconds between SIGTERM and SIGKILL.")] = 5.0,
+    force: Annotated[bool, typer.Option("--force", help="Also kill other users' processes and system services.")]
+    = False,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Only show who holds the port.")] = False,
+    as_json: JsonOpt = False,
+    ssh_config: SshConfigOpt = None,
+    known_hosts: KnownHostsOpt = None,
+    accept_new_host_keys: AcceptNewOpt = False,
+    parallel: ParallelOpt = 64,
+    connect_timeout: ConnectTimeoutOpt = 10.0,
+) -> None:
+    """Free a port: show its holders (pid, user, command, age, ddpctl job), confirm, kill each
+    holder's process tree (SIGTERM, then SIGKILL after --grace), then verify the port is free.
+
+    Without --force, other users' processes and system services (pid 1, sshd) are refused.
+    Asks on a terminal; elsewhere pass --yes. Exit 0 when the port is free on every host asked."""
+    hosts = select_hosts(inventory, host, all_hosts)
+    proto = "udp" if udp else "tcp"
+    with make_pool(ssh_config, known_hosts, accept_new_host_keys, parallel, connect_timeout) as pool:
+        found = find_port_owners(pool, hosts, port, proto, force)
+        reports = [found.succeeded[h.name] for h in hosts if h.name in found.succeeded]
+        killable = {r.host: [o.pid for o in r.killable] for r in reports if r.killable}
+        if not as_json:
+            if any(r.owners for r in reports):
+                console.print(owners_table(reports, port))
+            for r in reports:
+                if not r.owners:
+                    console.print(describe_free(r), markup=False)
+            for err in found.failed.values():
+                print_host_error(err)
+        count = sum(len(p) for p in killable.values())
+        if dry_run or not count or not ((as_json and yes) or confirm(yes, count)):
+            code = 0 if all(r.free for r in reports) and not found.failed else 1
+            if as_json:
+                typer.echo(report_json(port, found.succeeded, found.failed, code))
+            raise typer.Exit(code)
+        done = free_port(pool, [h for h in hosts if h.name in killable], port, proto, grace, force, killable)
+    results = {**found.succeeded, **done.succeeded}
+    code = 0 if all(r.free for r in results.values()) and not found.failed and not done.failed else 1
+    if as_json:
+        typer.echo(report_json(port, results, {**found.failed, **done.failed}, code))
+        raise typer.Exit(code)
+    for r in done.succeeded.values():
+        for k in r.killed:
+            console.print(f"{r.host}: killed pid {k.pid} ({k.signal}){'' if k.owner else ' [tree]'}: {k.command[:80]}",
+                          markup=False)
+        for pid, reason in r.refused:
+            console.print(f"{r.host}: left pid {pid}: {reason}", markup=False)
+        console.print(f"{r.host}: port {port} is {'now free' if r.free else 'STILL HELD'}", markup=False)
+    for err in done.failed.values():
+        print_host_error(err)
+    raise typer.Exit(code)

@@ -1,0 +1,295 @@
+"""Who holds a port on this host, and freeing it safely: refusal rules, tree kill, verification.
+
+Owners come from psutil when it is importable, else from /proc/net/{tcp,tcp6,udp,udp6} and the
+socket inodes under /proc/<pid>/fd. TIME_WAIT sockets (no process) are counted, with the time
+left on their timer, instead of being "killed".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pwd
+import signal
+import time
+from pathlib import Path
+from typing import Any, BinaryIO, Dict, Iterable, List, Optional, Set
+
+from node_agent.runstate import alive, proc_cmdline, proc_job_id
+
+try:
+    import psutil
+except ImportError:  # a host without psutil: /proc it is
+    psutil = None  # type: ignore[assignment]
+
+TCP_STATES = {"01": "ESTABLISHED", "02": "SYN_SENT", "03": "SYN_RECV", "04": "FIN_WAIT1", "05": "FIN_WAIT2",
+              "06": "TIME_WAIT", "07": "CLOSE", "08": "CLOSE_WAIT", "09": "LAST_ACK", "0A": "LISTEN",
+              "0B": "CLOSING"}
+SYSTEM_SERVICES = frozenset({"sshd", "systemd", "init", "dockerd", "containerd", "kubelet", "systemd-resolved",
+                             "chronyd", "ntpd", "rpcbind", "nfsd"})
+CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def parse_proc_net(text: str, port: int) -> List[Dict[str, Any]]:
+    """Sockets bound to local `port` from one /proc/net/{tcp,tcp6,udp,udp6} table."""
+    out = []
+    for line in text.splitlines()[1:]:
+        parts = line.split()
+        if len(parts) < 10:
+            continue
+        local, remote, state = parts[1], parts[2], parts[3]
+        if int(local.rsplit(":", 1)[1], 16) != port:
+            continue
+        timer, _, when = parts[5].partition(":")
+        out.append({"laddr": _addr(local), "raddr": _addr(remote), "status": TCP_STATES.get(state, state),
+                    "inode": int(parts[9]), "uid": int(parts[7]),
+                    "timer_s": int(when, 16) / float(CLK_TCK) if timer != "00" else 0.0})
+    return out
+
+
+def _addr(hexaddr: str) -> str:
+    host, port = hexaddr.rsplit(":", 1)
+    raw = bytes.fromhex(host)
+    if len(raw) == 4:
+        ip = ".".join(str(b) for b in raw[::-1])
+    else:
+        words = [raw[i:i + 4][::-1].hex() for i in range(0, 16, 4)]
+        ip = ":".join(w[j:j + 4] for w in words for j in (0, 4))
+    return "%s:%d" % (ip, int(port, 16))
+
+
+def proc_sockets(port: int, proto: str) -> List[Dict[str, Any]]:
+    sockets: List[Dict[str, Any]] = []
+    for table in (proto, proto + "6"):
+        try:
+            sockets += parse_proc_net(Path("/proc/net/" + table).read_text(), port)
+        except OSError:
+            continue
+    return sockets
+
+
+def inode_pids(inodes: Set[int]) -> Dict[int, Set[int]]:
+    """socket inode -> pids holding it, by reading /proc/<pid>/fd links."""
+    found: Dict[int, Set[int]] = {}
+    for pid_dir in Path("/proc").iterdir():
+        if not pid_dir.name.isdigit():
+            continue
+        try:
+            fds = list((pid_dir / "fd").iterdir())
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                link = os.readlink(str(fd))
+            except OSError:
+                continue
+            if link.startswith("socket:[") and int(link[8:-1]) in inodes:
+                found.setdefault(int(link[8:-1]), set()).add(int(pid_dir.name))
+    return found
+
+
+def _psutil_holders(port: int, proto: str) -> List[Dict[str, Any]]:
+    kind = "udp" if proto == "udp" else "tcp"
+    out = []
+    for c in psutil.net_connections(kind=kind):
+        if c.laddr and c.laddr.port == port and c.pid:
+            out.append({"pid": c.pid, "status": c.status if kind == "tcp" else "BOUND",
+                        "laddr": "%s:%d" % (c.laddr.ip, c.laddr.port),
+                        "raddr": "%s:%d" % (c.raddr.ip, c.raddr.port) if c.raddr else ""})
+    return out
+
+
+def _proc_holders(port: int, proto: str, sockets: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    live = [s for s in sockets if s["inode"]]
+    pids = inode_pids({s["inode"] for s in live})
+    return [{"pid": pid, "status": s["status"] if proto == "tcp" else "BOUND", "laddr": s["laddr"],
+             "raddr": s["raddr"]} for s in live for pid in sorted(pids.get(s["inode"], ()))]
+
+
+def ppid_of(pid: int) -> Optional[int]:
+    try:
+        stat = Path("/proc/%d/stat" % pid).read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[1])
+
+
+def process_info(pid: int) -> Dict[str, Any]:
+    try:
+        uid = Path("/proc/%d" % pid).stat().st_uid
+    except OSError:
+        uid = -1
+    try:
+        user = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        user = str(uid)
+    try:
+        name = Path("/proc/%d/comm" % pid).read_text().strip()
+    except OSError:
+        name = "?"
+    cmdline = proc_cmdline(pid)
+    created = psutil.Process(pid).create_time() if psutil is not None and alive(pid) else _create_time(pid)
+    return {"pid": pid, "ppid": ppid_of(pid), "uid": uid, "user": user, "name": name, "cmdline": cmdline,
+            "create_time": created, "age_s": round(time.time() - created, 1) if created else None,
+            "ddpctl_job_id": proc_job_id(pid),
+            "is_torchrun": any("torch.distributed.run" in a or a.endswith("torchrun") for a in cmdline)}
+
+
+def _create_time(pid: int) -> Optional[float]:
+    try:
+        ticks = int(Path("/proc/%d/stat" % pid).read_text().rsplit(")", 1)[1].split()[19])
+        btime = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                     if line.startswith("btime"))
+    except (OSError, StopIteration, ValueError):
+        return None
+    return btime + ticks / float(CLK_TCK)
+
+
+def find_owners(port: int, proto: str = "tcp") -> Dict[str, Any]:
+    """Every process holding local `port` (IPv4 and IPv6), plus TIME_WAIT sockets left on it."""
+    sockets = proc_sockets(port, proto)
+    holders = _psutil_holders(port, proto) if psutil is not None else _proc_holders(port, proto, sockets)
+    owners: Dict[int, Dict[str, Any]] = {}
+    for h in holders:
+        entry = owners.get(h["pid"])
+        if entry is None:
+            entry = owners[h["pid"]] = dict(process_info(h["pid"]), sockets=[])
+        entry["sockets"].append({"status": h["status"], "laddr": h["laddr"], "raddr": h["raddr"]})
+    for entry in owners.values():
+        statuses = [s["status"] for s in entry["sockets"]]
+        entry["status"] = "LISTEN" if "LISTEN" in statuses else statuses[0]
+        entry["laddr"], entry["raddr"] = entry["sockets"][0]["laddr"], entry["sockets"][0]["raddr"]
+    time_wait = [s for s in sockets if s["status"] == "TIME_WAIT" and not s["inode"]]
+    return {"port": port, "proto": proto, "owners": sorted(owners.values(), key=lambda o: o["pid"]),
+            "time_wait": len(time_wait), "time_wait_max_s": max([s["timer_s"] for s in time_wait] or [0.0]),
+            "free": not owners}
+
+
+def ancestors(pid: int) -> Set[int]:
+    chain = set()
+    while pid and pid not in chain:
+        chain.add(pid)
+        pid = ppid_of(pid) or 0
+    return chain
+
+
+def refusal(owner: Dict[str, Any], my_uid: int, protected: Set[int], force: bool, only_ddpctl: bool,
+            expect: Optional[Iterable[int]]) -> Optional[str]:
+    """Why this owner must not be killed, or None. Pure: the rules, in one place."""
+    pid = owner["pid"]
+    if pid == 1:
+        return "pid 1 (init) is never killed"
+    if pid in protected:
+        return "it is ddpctl's own session (an ancestor of the agent)"
+    if expect is not None and pid not in set(expect):
+        return "it was not in the list you confirmed (it appeared since)"
+    if only_ddpctl and not owner.get("ddpctl_job_id"):
+        return "it is not a process of a ddpctl job"
+    if force:
+        return None
+    if owner.get("uid") != my_uid:
+        return "it belongs to user %s, not you (%s); pass --force to kill it anyway" % (
+            owner.get("user"), _user(my_uid))
+    if owner.get("name") in SYSTEM_SERVICES:
+        return "%s is a system service; pass --force to kill it anyway" % owner.get("name")
+    return None
+
+
+def _user(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+def children_map() -> Dict[int, List[int]]:
+    kids: Dict[int, List[int]] = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            parent = ppid_of(int(d.name))
+            if parent is not None:
+                kids.setdefault(parent, []).append(int(d.name))
+    return kids
+
+
+def process_tree(owner: Dict[str, Any], protected: Set[int]) -> List[int]:
+    """The owner and its descendants; for a torchrun worker, its torchrun agent and siblings too
+    (the agent holds the TCPStore, the workers hold GPU memory)."""
+    root = owner["pid"]
+    parent = owner.get("ppid")
+    if parent and parent not in protected and any("torch.distributed.run" in a for a in proc_cmdline(parent)):
+        root = parent
+    kids = children_map()
+    tree, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        if pid not in tree and pid not in protected:
+            tree.append(pid)
+            todo += kids.get(pid, [])
+    return tree
+
+
+def signal_pids(pids: Iterable[int], sig: int) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
+
+
+def wait_gone(pids: List[int], timeout: float) -> List[int]:
+    deadline = time.monotonic() + timeout
+    left = [p for p in pids if alive(p)]
+    while left and time.monotonic() < deadline:
+        time.sleep(0.05)
+        left = [p for p in left if alive(p)]
+    return left
+
+
+def wait_free(port: int, proto: str, timeout: float) -> Dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    info = find_owners(port, proto)
+    while not info["free"] and time.monotonic() < deadline:
+        time.sleep(0.1)
+        info = find_owners(port, proto)
+    return info
+
+
+def judge(info: Dict[str, Any], request: Dict[str, Any]) -> Set[int]:
+    """Annotate each owner with its refusal (or None); return the agent's protected pids."""
+    protected = ancestors(os.getpid())
+    for owner in info["owners"]:
+        owner["refusal"] = refusal(owner, os.getuid(), protected, bool(request.get("force")),
+                                   bool(request.get("only_ddpctl")), request.get("expect_pids"))
+    return protected
+
+
+def port_owners(request: Dict[str, Any], control: BinaryIO) -> Dict[str, Any]:
+    info = find_owners(int(request["port"]), str(request.get("proto", "tcp")))
+    judge(info, request)
+    return info
+
+
+def kill_port(request: Dict[str, Any], control: BinaryIO) -> Dict[str, Any]:
+    port, proto = int(request["port"]), str(request.get("proto", "tcp"))
+    grace = float(request.get("grace", 5.0))
+    info = find_owners(port, proto)
+    protected = judge(info, request)
+    targets = [o for o in info["owners"] if o["refusal"] is None]
+    refused = [{"pid": o["pid"], "reason": o["refusal"]} for o in info["owners"] if o["refusal"]]
+    result = dict(info, refused=refused, killed=[], dry_run=bool(request.get("dry_run")))
+    if result["dry_run"] or not targets:
+        result.update(free_after=info["free"], exit_code=0 if info["free"] else 1)
+        return result
+    trees = {o["pid"]: process_tree(o, protected) for o in targets}
+    everyone = sorted({p for tree in trees.values() for p in tree})
+    commands = {p: " ".join(proc_cmdline(p))[:300] for p in everyone}
+    signal_pids(everyone, signal.SIGTERM)
+    survivors = wait_gone(everyone, grace)
+    if survivors:
+        signal_pids(survivors, signal.SIGKILL)
+        wait_gone(survivors, 5.0)
+    after = wait_free(port, proto, 5.0)
+    result["killed"] = [{"pid": p, "cmdline": commands[p], "signal": "SIGKILL" if p in survivors else "SIGTERM",
+                         "owner": p in trees} for p in everyone]
+    result.update(after=after["owners"], free_after=after["free"], time_wait=after["time_wait"],
+                  time_wait_max_s=after["time_wait_max_s"], exit_code=0 if after["free"] else 1)
+    return result
