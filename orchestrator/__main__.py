@@ -1,0 +1,5 @@
+"""`python -m orchestrator` is `ddpctl`."""
+
+from orchestrator.cli import main
+
+main()
