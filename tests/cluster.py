@@ -8,6 +8,7 @@ import json
 import os
 import re
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -47,6 +48,7 @@ __all__ = ["Cluster", "ClusterError", "ClusterHost", "leftovers", "start_cluster
 
 MAX_PREFIX_LEN = 10  # "<prefix>-v99" must fit Linux's 15-character interface names
 MAX_HOSTS = 99
+NETNS_ETC = Path("/etc/netns")  # ip netns exec bind-mounts <this>/<ns>/* over /etc/*
 # Runs argv under a fresh UTS namespace with the host's hostname ($1); argv is never a string.
 _HOSTNAME_EXEC = 'hostname "$1" && shift && exec "$@"'
 
@@ -152,6 +154,17 @@ class Cluster:
                                self.port, self.key, self.known_hosts)
         files.write_hosts_toml(self.hosts_toml, [(h.name, h.address) for h in self.hosts],
                                sys.executable)
+        self._write_name_resolution()
+
+    def _write_name_resolution(self) -> None:
+        """Each host resolves every host's name, as a real cluster does (c10d and gloo look their
+        own hostname up): `ip netns exec` bind-mounts /etc/netns/<ns>/hosts over /etc/hosts."""
+        table = "127.0.0.1 localhost\n::1 localhost\n" + "".join(
+            f"{h.address} {self._hostnames[i]}\n" for i, h in enumerate(self.hosts))
+        for h in self.hosts:
+            etc = NETNS_ETC / h.netns
+            etc.mkdir(parents=True, exist_ok=True)
+            (etc / "hosts").write_text(table)
 
     def _sshd_argv(self, i: int) -> list[str]:
         h = self.hosts[i]
@@ -198,6 +211,8 @@ class Cluster:
                     proc.wait(timeout=10)
             remove_network(self.bridge, [h.veth for h in self.hosts],
                            [h.netns for h in self.hosts])
+            for h in self.hosts:
+                shutil.rmtree(NETNS_ETC / h.netns, ignore_errors=True)
             (REGISTRY / f"{self.prefix}.json").unlink(missing_ok=True)
         left = leftovers(self.prefix)
         if left:
@@ -224,6 +239,7 @@ class Cluster:
     def set_hostname(self, i: int, name: str) -> None:
         """Give host `i` a new hostname (its sshd restarts in a fresh UTS namespace)."""
         self._hostnames[i] = name
+        self._write_name_resolution()
         self.start_sshd(i)
 
     def unauthorize_key(self, i: int) -> None:
