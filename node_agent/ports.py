@@ -8,6 +8,7 @@ left on their timer, instead of being "killed".
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import os
 import pwd
 import signal
@@ -48,14 +49,18 @@ def parse_proc_net(text: str, port: int) -> List[Dict[str, Any]]:
 
 
 def _addr(hexaddr: str) -> str:
+    """/proc/net hex "0100007F:1F90" (host byte order per 32-bit word) -> "127.0.0.1:8080"."""
     host, port = hexaddr.rsplit(":", 1)
     raw = bytes.fromhex(host)
-    if len(raw) == 4:
-        ip = ".".join(str(b) for b in raw[::-1])
-    else:
-        words = [raw[i:i + 4][::-1].hex() for i in range(0, 16, 4)]
-        ip = ":".join(w[j:j + 4] for w in words for j in (0, 4))
-    return "%s:%d" % (ip, int(port, 16))
+    packed = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+    return fmt_addr(str(ipaddress.ip_address(packed)), int(port, 16))
+
+
+def fmt_addr(ip: str, port: int) -> str:
+    """One spelling for both backends: "1.2.3.4:80", "[::1]:80" (scope ids dropped)."""
+    with contextlib.suppress(ValueError):
+        ip = str(ipaddress.ip_address(ip.split("%", 1)[0]))
+    return "[%s]:%d" % (ip, port) if ":" in ip else "%s:%d" % (ip, port)
 
 
 def proc_sockets(port: int, proto: str) -> List[Dict[str, Any]]:
@@ -88,14 +93,19 @@ def inode_pids(inodes: Set[int]) -> Dict[int, Set[int]]:
     return found
 
 
-def _psutil_holders(port: int, proto: str) -> List[Dict[str, Any]]:
+def _psutil_holders(port: int, proto: str) -> Optional[List[Dict[str, Any]]]:
+    """Holders from psutil, or None where psutil cannot list connections (the /proc scan is used)."""
     kind = "udp" if proto == "udp" else "tcp"
     out = []
-    for c in psutil.net_connections(kind=kind):
+    try:
+        conns = psutil.net_connections(kind=kind)
+    except (psutil.Error, OSError):
+        return None
+    for c in conns:
         if c.laddr and c.laddr.port == port and c.pid:
             out.append({"pid": c.pid, "status": c.status if kind == "tcp" else "BOUND",
-                        "laddr": "%s:%d" % (c.laddr.ip, c.laddr.port),
-                        "raddr": "%s:%d" % (c.raddr.ip, c.raddr.port) if c.raddr else ""})
+                        "laddr": fmt_addr(c.laddr.ip, c.laddr.port),
+                        "raddr": fmt_addr(c.raddr.ip, c.raddr.port) if c.raddr else ""})
     return out
 
 
@@ -103,7 +113,25 @@ def _proc_holders(port: int, proto: str, sockets: List[Dict[str, Any]]) -> List[
     live = [s for s in sockets if s["inode"]]
     pids = inode_pids({s["inode"] for s in live})
     return [{"pid": pid, "status": s["status"] if proto == "tcp" else "BOUND", "laddr": s["laddr"],
-             "raddr": s["raddr"]} for s in live for pid in sorted(pids.get(s["inode"], ()))]
+             "raddr": s["raddr"], "inode": s["inode"]} for s in live for pid in sorted(pids.get(s["inode"], ()))]
+
+
+def _remote(raddr: str) -> str:
+    """"" for no peer: psutil leaves it empty, /proc writes 0.0.0.0:0 or [::]:0."""
+    return "" if not raddr or raddr.endswith("]:0") or raddr == "0.0.0.0:0" else raddr
+
+
+def unseen_sockets(sockets: List[Dict[str, Any]], holders: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """Sockets on the port that a process holds (non-zero inode) but no visible holder explains:
+    another user's process whose /proc/<pid>/fd this agent cannot read. The port is not free."""
+    inodes = {h["inode"] for h in holders if h.get("inode")}
+    pairs = {(h["laddr"], _remote(h["raddr"])) for h in holders}
+    out = []
+    for s in sockets:
+        if s["inode"] and s["inode"] not in inodes and (s["laddr"], _remote(s["raddr"])) not in pairs:
+            out.append({"status": s["status"], "laddr": s["laddr"], "raddr": s["raddr"], "uid": s["uid"],
+                        "user": _user(s["uid"])})
+    return out
 
 
 def ppid_of(pid: int) -> Optional[int]:
@@ -128,11 +156,36 @@ def process_info(pid: int) -> Dict[str, Any]:
     except OSError:
         name = "?"
     cmdline = proc_cmdline(pid)
-    created = psutil.Process(pid).create_time() if psutil is not None and alive(pid) else _create_time(pid)
+    created = _create_time(pid)
     return {"pid": pid, "ppid": ppid_of(pid), "uid": uid, "user": user, "name": name, "cmdline": cmdline,
             "create_time": created, "age_s": round(time.time() - created, 1) if created else None,
             "ddpctl_job_id": proc_job_id(pid),
-            "is_torchrun": any("torch.distributed.run" in a or a.endswith("torchrun") for a in cmdline)}
+            "is_torchrun": is_torchrun(cmdline), "torchrun_agent": _torchrun_parent(pid)}
+
+
+def _torchrun_parent(pid: int) -> Optional[int]:
+    """The torchrun agent that started this worker, if any (the kill then takes the agent's tree)."""
+    parent = ppid_of(pid)
+    return parent if parent and is_torchrun(proc_cmdline(parent)) else None
+
+
+def is_torchrun(cmdline: List[str]) -> bool:
+    """torchrun's elastic agent: `torchrun ...`, `python [opts] /path/torchrun ...` or
+    `python [opts] -m torch.distributed.run ...` (interpreter options such as -u, -X x skipped)."""
+    if not cmdline:
+        return False
+    if os.path.basename(cmdline[0]) == "torchrun":
+        return True
+    i = 1
+    while i < len(cmdline):
+        arg = cmdline[i]
+        if arg == "-m" or (arg.startswith("-m") and len(arg) > 2):
+            module = arg[2:] or (cmdline[i + 1] if i + 1 < len(cmdline) else "")
+            return module in ("torch.distributed.run", "torch.distributed.launch")
+        if arg in ("-c", "-") or not arg.startswith("-"):
+            return os.path.basename(arg) == "torchrun"
+        i += 2 if arg in ("-X", "-W", "-Q") else 1
+    return False
 
 
 def _create_time(pid: int) -> Optional[float]:
@@ -148,7 +201,9 @@ def _create_time(pid: int) -> Optional[float]:
 def find_owners(port: int, proto: str = "tcp") -> Dict[str, Any]:
     """Every process holding local `port` (IPv4 and IPv6), plus TIME_WAIT sockets left on it."""
     sockets = proc_sockets(port, proto)
-    holders = _psutil_holders(port, proto) if psutil is not None else _proc_holders(port, proto, sockets)
+    holders = _psutil_holders(port, proto) if psutil is not None else None
+    if holders is None:
+        holders = _proc_holders(port, proto, sockets)
     owners: Dict[int, Dict[str, Any]] = {}
     for h in holders:
         entry = owners.get(h["pid"])
@@ -160,9 +215,10 @@ def find_owners(port: int, proto: str = "tcp") -> Dict[str, Any]:
         entry["status"] = "LISTEN" if "LISTEN" in statuses else statuses[0]
         entry["laddr"], entry["raddr"] = entry["sockets"][0]["laddr"], entry["sockets"][0]["raddr"]
     time_wait = [s for s in sockets if s["status"] == "TIME_WAIT" and not s["inode"]]
+    unseen = unseen_sockets(sockets, holders)
     return {"port": port, "proto": proto, "owners": sorted(owners.values(), key=lambda o: o["pid"]),
-            "time_wait": len(time_wait), "time_wait_max_s": max([s["timer_s"] for s in time_wait] or [0.0]),
-            "free": not owners}
+            "unseen": unseen, "time_wait": len(time_wait),
+            "time_wait_max_s": max([s["timer_s"] for s in time_wait] or [0.0]), "free": not owners and not unseen}
 
 
 def ancestors(pid: int) -> Set[int]:
@@ -216,8 +272,8 @@ def process_tree(owner: Dict[str, Any], protected: Set[int]) -> List[int]:
     """The owner and its descendants; for a torchrun worker, its torchrun agent and siblings too
     (the agent holds the TCPStore, the workers hold GPU memory)."""
     root = owner["pid"]
-    parent = owner.get("ppid")
-    if parent and parent not in protected and any("torch.distributed.run" in a for a in proc_cmdline(parent)):
+    parent = owner.get("torchrun_agent", _torchrun_parent(root))
+    if parent and parent not in protected:
         root = parent
     kids = children_map()
     tree, todo = [], [root]
@@ -229,10 +285,34 @@ def process_tree(owner: Dict[str, Any], protected: Set[int]) -> List[int]:
     return tree
 
 
-def signal_pids(pids: Iterable[int], sig: int) -> None:
+def signal_pids(pids: Iterable[int], sig: int, errors: List[Dict[str, Any]]) -> None:
+    """Signal each pid; the whole process group where it leads one of its own (not the agent's)
+    and every member of that group is among `pids` (a refused member is never signalled)."""
+    pids = list(pids)
+    mine, groups = os.getpgrp(), process_groups()
     for pid in pids:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, sig)
+        try:
+            if pid != mine and pid in groups and set(groups[pid]) <= set(pids):
+                os.killpg(pid, sig)
+            else:
+                os.kill(pid, sig)
+        except ProcessLookupError:
+            continue
+        except PermissionError as exc:
+            errors.append({"pid": pid, "error": "%s: %s" % (signal.Signals(sig).name, exc)})
+
+
+def process_groups() -> Dict[int, List[int]]:
+    """pgid -> member pids, from /proc/<pid>/stat."""
+    groups: Dict[int, List[int]] = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                pgid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[2])
+            except (OSError, IndexError, ValueError):
+                continue
+            groups.setdefault(pgid, []).append(int(d.name))
+    return groups
 
 
 def wait_gone(pids: List[int], timeout: float) -> List[int]:
@@ -244,13 +324,20 @@ def wait_gone(pids: List[int], timeout: float) -> List[int]:
     return left
 
 
-def wait_free(port: int, proto: str, timeout: float) -> Dict[str, Any]:
+def wait_free(port: int, proto: str, timeout: float, targets: Set[int]) -> Dict[str, Any]:
+    """Poll (bounded) until no killed pid still holds the port; refused holders are not waited for."""
     deadline = time.monotonic() + timeout
     info = find_owners(port, proto)
-    while not info["free"] and time.monotonic() < deadline:
+    while any(o["pid"] in targets for o in info["owners"]) and time.monotonic() < deadline:
         time.sleep(0.1)
         info = find_owners(port, proto)
     return info
+
+
+def unseen_reason(sock: Dict[str, Any]) -> str:
+    fix = "run as root" + ("" if sock["user"] == "root" else " or as %s" % sock["user"])
+    return "a %s socket %s of user %s whose process this agent (user %s) cannot see; %s" % (
+        sock["status"], sock["laddr"], sock["user"], _user(os.getuid()), fix)
 
 
 def judge(info: Dict[str, Any], request: Dict[str, Any]) -> Set[int]:
@@ -269,27 +356,45 @@ def port_owners(request: Dict[str, Any], control: BinaryIO) -> Dict[str, Any]:
 
 
 def kill_port(request: Dict[str, Any], control: BinaryIO) -> Dict[str, Any]:
+    """Kill the port's holders that pass the refusal rules, each with its process tree
+    (SIGTERM, SIGKILL after `grace`), then re-check the port. exit_code 0: free afterwards."""
     port, proto = int(request["port"]), str(request.get("proto", "tcp"))
     grace = float(request.get("grace", 5.0))
     info = find_owners(port, proto)
     protected = judge(info, request)
     targets = [o for o in info["owners"] if o["refusal"] is None]
     refused = [{"pid": o["pid"], "reason": o["refusal"]} for o in info["owners"] if o["refusal"]]
-    result = dict(info, refused=refused, killed=[], dry_run=bool(request.get("dry_run")))
+    refused += [{"pid": None, "reason": unseen_reason(u)} for u in info["unseen"]]
+    result = dict(info, refused=refused, killed=[], errors=[], dry_run=bool(request.get("dry_run")))
     if result["dry_run"] or not targets:
         result.update(free_after=info["free"], exit_code=0 if info["free"] else 1)
         return result
-    trees = {o["pid"]: process_tree(o, protected) for o in targets}
-    everyone = sorted({p for tree in trees.values() for p in tree})
+    everyone = tree_pids(targets, protected, bool(request.get("force")))
     commands = {p: " ".join(proc_cmdline(p))[:300] for p in everyone}
-    signal_pids(everyone, signal.SIGTERM)
+    signal_pids(everyone, signal.SIGTERM, result["errors"])
     survivors = wait_gone(everyone, grace)
     if survivors:
-        signal_pids(survivors, signal.SIGKILL)
+        signal_pids(survivors, signal.SIGKILL, result["errors"])
         wait_gone(survivors, 5.0)
-    after = wait_free(port, proto, 5.0)
+    owner_pids = {o["pid"] for o in targets}
     result["killed"] = [{"pid": p, "cmdline": commands[p], "signal": "SIGKILL" if p in survivors else "SIGTERM",
-                         "owner": p in trees} for p in everyone]
+                         "owner": p in owner_pids} for p in everyone if not alive(p)]
+    result["errors"] += [{"pid": p, "error": "still alive after SIGKILL"} for p in everyone if alive(p)]
+    after = wait_free(port, proto, 5.0, set(everyone))
     result.update(after=after["owners"], free_after=after["free"], time_wait=after["time_wait"],
                   time_wait_max_s=after["time_wait_max_s"], exit_code=0 if after["free"] else 1)
     return result
+
+
+def tree_pids(targets: List[Dict[str, Any]], protected: Set[int], force: bool) -> List[int]:
+    """Every pid to signal: each target's tree, less other users' processes unless forced."""
+    my_uid = os.getuid()
+    pids = {p for o in targets for p in process_tree(o, protected)}
+    return sorted(p for p in pids if force or p in {o["pid"] for o in targets} or _uid(p) == my_uid)
+
+
+def _uid(pid: int) -> int:
+    try:
+        return Path("/proc/%d" % pid).stat().st_uid
+    except OSError:
+        return -1

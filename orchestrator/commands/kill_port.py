@@ -27,12 +27,14 @@ from orchestrator.commands.common import (
     make_pool,
     print_host_error,
 )
-from orchestrator.killport import PortReport, find_port_owners, free_port
+from orchestrator.errors import HostError
+from orchestrator.killport import PortOwner, PortReport, find_port_owners, free_port
 
 PortArg = Annotated[int, typer.Argument(min=1, max=65535, help="The port to free (1-65535).", show_default=False)]
 
 
 def select_hosts(inventory: Path | None, names: list[str] | None, all_hosts: bool) -> list[Host]:
+    """This machine by default; else the named (or all) inventory hosts, each once."""
     if not names and not all_hosts:
         return [LOCALHOST]
     if inventory is None:
@@ -48,7 +50,8 @@ def select_hosts(inventory: Path | None, names: list[str] | None, all_hosts: boo
             close = difflib.get_close_matches(name, inv.names(), n=3)
             raise ConfigError(f"host {name!r} is not in {inventory}", key="--host",
                               hint=f"did you mean {', '.join(close)}?" if close else f"known: {', '.join(inv.names())}")
-        hosts.append(host)
+        if host not in hosts:
+            hosts.append(host)
     return hosts
 
 
@@ -66,11 +69,17 @@ def owners_table(reports: list[PortReport], port: int) -> Table:
                   title=f"holders of port {port}")
     for r in reports:
         for o in r.owners:
-            action = "kill" + (" (torchrun tree)" if o.is_torchrun else " (+ children)") if o.refusal is None \
-                else f"refuse: {o.refusal}"
+            action = f"refuse: {o.refusal}" if o.refusal else kill_action(o)
             table.add_row(r.host, str(o.pid), o.user, o.command[:60], age(o.age_s), o.status,
                           o.ddpctl_job_id or "-", action)
     return table
+
+
+def kill_action(o: PortOwner) -> str:
+    """What confirming this row kills: the owner's tree, or for a torchrun worker its agent's."""
+    if o.torchrun_agent:
+        return f"kill torchrun agent {o.torchrun_agent} + all its workers"
+    return "kill torchrun agent + all its workers" if o.is_torchrun else "kill (+ children)"
 
 
 def describe_free(r: PortReport) -> str:
@@ -83,13 +92,18 @@ def describe_free(r: PortReport) -> str:
     return f"{r.host}: port {r.port} is free"
 
 
+def stdin_is_terminal() -> bool:
+    return sys.stdin.isatty()
+
+
 def confirm(yes: bool, count: int) -> bool:
+    """--yes, or a "y" typed on a terminal; without a terminal nothing is killed unasked."""
     if yes:
         return True
-    if not sys.stdin.isatty():
+    if not stdin_is_terminal():
         err_console.print("not a terminal: pass --yes to kill without asking (or --dry-run to only look)")
         return False
-    return typer.confirm(f"kill {count} process(es) and their trees?", default=False)
+    return typer.confirm(f"kill {count} process(es) and their trees?", default=False, err=True)
 
 
 def report_json(port: int, reports: dict[str, PortReport], failed: dict[str, Any], code: int) -> str:
@@ -117,10 +131,14 @@ def kill_port_command(
     connect_timeout: ConnectTimeoutOpt = 10.0,
 ) -> None:
     """Free a port: show its holders (pid, user, command, age, ddpctl job), confirm, kill each
-    holder's process tree (SIGTERM, then SIGKILL after --grace), then verify the port is free.
+    holder's process tree (a torchrun worker: its agent and all workers; SIGTERM, then SIGKILL
+    after --grace), then verify the port is free on each host.
 
-    Without --force, other users' processes and system services (pid 1, sshd) are refused.
-    Asks on a terminal; elsewhere pass --yes. Exit 0 when the port is free on every host asked."""
+    Without --host/--all it acts on this machine (no SSH). Without --force, other users'
+    processes and system services (pid 1, sshd, systemd) are refused, saying why. On a terminal
+    it asks first; when stdin is not a terminal it refuses to kill unless --yes is given (exit 1).
+    A port held only by TIME_WAIT sockets is reported, not killed. Exit 0 when the port is free
+    on every host asked (--dry-run included), 1 otherwise, 2 on bad input."""
     hosts = select_hosts(inventory, host, all_hosts)
     proto = "udp" if udp else "tcp"
     with make_pool(ssh_config, known_hosts, accept_new_host_keys, parallel, connect_timeout) as pool:
@@ -128,32 +146,56 @@ def kill_port_command(
         reports = [found.succeeded[h.name] for h in hosts if h.name in found.succeeded]
         killable = {r.host: [o.pid for o in r.killable] for r in reports if r.killable}
         if not as_json:
-            if any(r.owners for r in reports):
-                console.print(owners_table(reports, port))
-            for r in reports:
-                if not r.owners:
-                    console.print(describe_free(r), markup=False)
-            for err in found.failed.values():
-                print_host_error(err)
+            show_owners(reports, port, found.failed)
         count = sum(len(p) for p in killable.values())
-        if dry_run or not count or not ((as_json and yes) or confirm(yes, count)):
-            code = 0 if all(r.free for r in reports) and not found.failed else 1
-            if as_json:
-                typer.echo(report_json(port, found.succeeded, found.failed, code))
-            raise typer.Exit(code)
-        done = free_port(pool, [h for h in hosts if h.name in killable], port, proto, grace, force, killable)
-    results = {**found.succeeded, **done.succeeded}
-    code = 0 if all(r.free for r in results.values()) and not found.failed and not done.failed else 1
+        done = None
+        if count and not dry_run and confirm(yes, count):
+            done = free_port(pool, [h for h in hosts if h.name in killable], port, proto, grace=grace, force=force,
+                             expect=killable)
+    results = {**found.succeeded, **(done.succeeded if done else {})}
+    failed = {**found.failed, **(done.failed if done else {})}
+    code = 0 if all(r.free for r in results.values()) and not failed else 1
     if as_json:
-        typer.echo(report_json(port, results, {**found.failed, **done.failed}, code))
-        raise typer.Exit(code)
-    for r in done.succeeded.values():
+        typer.echo(report_json(port, results, failed, code))
+    else:
+        show_results([results[h.name] for h in hosts if h.name in results])
+        for name, err in (done.failed if done else {}).items():
+            if name not in found.failed:
+                print_host_error(err)
+    raise typer.Exit(code)
+
+
+def show_owners(reports: list[PortReport], port: int, failed: dict[str, HostError]) -> None:
+    if any(r.owners for r in reports):
+        console.print(owners_table(reports, port))
+    for r in reports:
+        for o in r.owners:
+            if o.refusal:
+                console.print(f"{r.host}: refusing pid {o.pid} ({o.user}): {o.refusal}", markup=False)
+        for u in r.unseen:
+            fix = "run as root" + ("" if u.user == "root" else f" or as {u.user}")
+            console.print(f"{r.host}: a {u.status} socket {u.laddr} belongs to a process of user {u.user} that "
+                          f"this user cannot see (or kill): {fix}", markup=False)
+    for err in failed.values():
+        print_host_error(err)
+
+
+def show_results(reports: list[PortReport]) -> None:
+    """One result line per host (after the killed/left lines of the hosts acted on)."""
+    for r in reports:
         for k in r.killed:
             console.print(f"{r.host}: killed pid {k.pid} ({k.signal}){'' if k.owner else ' [tree]'}: {k.command[:80]}",
                           markup=False)
-        for pid, reason in r.refused:
-            console.print(f"{r.host}: left pid {pid}: {reason}", markup=False)
-        console.print(f"{r.host}: port {port} is {'now free' if r.free else 'STILL HELD'}", markup=False)
-    for err in done.failed.values():
-        print_host_error(err)
-    raise typer.Exit(code)
+        for e in r.errors:
+            console.print(f"{r.host}: error: {e}", markup=False)
+        if r.free and r.free_after is None:
+            console.print(describe_free(r), markup=False)
+        elif r.free:
+            tw = f" ({r.time_wait} TIME_WAIT socket(s) left, no process)" if r.time_wait else ""
+            console.print(f"{r.host}: port {r.port} is now free{tw}", markup=False)
+        else:
+            after = r.raw.get("after") if r.free_after is not None else None
+            pids = [o.get("pid") for o in after] if after is not None else [o.pid for o in r.owners]
+            state = "STILL HELD" if r.free_after is not None else "held, nothing killed"
+            console.print(f"{r.host}: port {r.port} is {state} (pid {', '.join(map(str, pids)) or '?'})",
+                          markup=False)

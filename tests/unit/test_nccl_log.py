@@ -43,7 +43,7 @@ def test_ib_run_names_the_oob_interface_and_ib_transport() -> None:
 def test_parse_files_reads_every_host_file(tmp_path: Path) -> None:
     (tmp_path / "nccl.node0.1.log").write_text(SOCKET_RUN)
     (tmp_path / "nccl.node0.2.log").write_text(IB_RUN)
-    got = parse_files(sorted(tmp_path.glob("nccl.*.log")) + [tmp_path / "missing.log"])
+    got = parse_files([*sorted(tmp_path.glob("nccl.*.log")), tmp_path / "missing.log"])
     assert len(got["files"]) == 2
     assert got["networks"] == ["Socket", "IB"]
 
