@@ -99,7 +99,7 @@ def make_connection(host: Host, options: SshOptions) -> fabric.Connection:
         connect_timeout=timeout,
         connect_kwargs={"banner_timeout": timeout, "auth_timeout": timeout, "allow_agent": True},
     )
-    if "hostname" not in conn.ssh_config:
+    if conn.ssh_config.get("hostname", host.name) == host.name:  # paramiko echoes the name back
         conn.host = host.address
     _secure(conn, options)
     return conn
