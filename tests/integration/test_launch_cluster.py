@@ -163,8 +163,9 @@ def test_downed_link_is_reported_and_the_other_host_stopped(
 
 
 def listener(cluster: Cluster, port: int, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    code = f"import socket,time; s=socket.socket(); s.bind(('', {port})); s.listen(); print('up', flush=True); " \
-           "time.sleep(600)"
+    # SO_REUSEADDR like torchrun's store: the previous job's connections may sit in TIME_WAIT
+    code = (f"import socket,time; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); "
+            f"s.bind(('', {port})); s.listen(); print('up', flush=True); time.sleep(600)")
     import os
     proc = cluster.exec_in(0, [sys.executable, "-c", code], env={**os.environ, **(env or {})},
                            stdout=subprocess.PIPE)
