@@ -10,6 +10,7 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from inventory import ConfigError, Inventory, local_inventory
 from orchestrator.errors import HostError, HostsFailed
@@ -60,16 +61,16 @@ def load_inventory_arg(path: Path | None) -> Inventory:
 
 
 def print_config_error(exc: ConfigError) -> None:
-    err_console.print(f"[bold red]error:[/] {exc.location() + ': ' if exc.location() else ''}"
-                      f"{exc.message}", markup=True, highlight=False)
+    where = f"{exc.location()}: " if exc.location() else ""
+    err_console.print(f"[bold red]error:[/] {escape(where + exc.message)}", highlight=False)
     if exc.hint:
-        err_console.print(f"  [bold]fix:[/] {exc.hint}")
+        err_console.print(f"  [bold]fix:[/] {escape(exc.hint)}", highlight=False)
 
 
 def print_host_error(exc: HostError) -> None:
-    err_console.print(f"[bold red]error:[/] {exc.host}: {exc.message}", highlight=False)
+    err_console.print(f"[bold red]error:[/] {escape(exc.host + ': ' + exc.message)}", highlight=False)
     if exc.fix:
-        err_console.print(f"  [bold]fix:[/] {exc.fix}", highlight=False)
+        err_console.print(f"  [bold]fix:[/] {escape(exc.fix)}", highlight=False)
 
 
 def handle_errors(func: F) -> F:
@@ -86,7 +87,7 @@ def handle_errors(func: F) -> F:
             print_host_error(exc)
             raise typer.Exit(1) from None
         except HostsFailed as exc:
-            err_console.print(f"[bold red]error:[/] {exc.step} failed on {len(exc.errors)} host(s)")
+            err_console.print(f"[bold red]error:[/] {escape(exc.step)} failed on {len(exc.errors)} host(s)")
             for err in exc.errors:
                 print_host_error(err)
             raise typer.Exit(1) from None

@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from inventory import ConfigError, Job, JobOverrides, load_job
@@ -96,7 +97,7 @@ def doctor_command(
 
     def notice(text: str) -> None:
         if not json_out:
-            err_console.print(f"[dim]doctor: {text}[/]")
+            err_console.print(f"[dim]doctor: {escape(text)}[/]")
 
     with pool:
         report = run_doctor(ctx, pool, notice)

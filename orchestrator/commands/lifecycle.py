@@ -26,6 +26,7 @@ from orchestrator.commands.common import (
     handle_errors,
     load_inventory_arg,
     make_pool,
+    print_host_error,
 )
 
 JobArg = Annotated[str, typer.Argument(help="A job id (or name), or the job.toml it was started from.")]
@@ -41,9 +42,8 @@ def resolve_target(job: str, inventory_path: Path | None) -> tuple[str, Inventor
 
 
 def report_failures(failed: dict[str, Any]) -> None:
-    for name, err in failed.items():
-        err_console.print(f"[bold red]{name}[/]: {err.message}" + (f"\n  fix: {err.fix}" if err.fix else ""),
-                          highlight=False)
+    for err in failed.values():
+        print_host_error(err)
 
 
 @handle_errors
@@ -141,5 +141,5 @@ def logs_command(
         fan = pool.map(inv.hosts, stream)
     report_failures(fan.failed)
     if not found:
-        err_console.print(f"no logs of {target} on any host", highlight=False)
+        err_console.print(f"no logs of {target} on any host", highlight=False, markup=False)
     raise typer.Exit(0 if found and not fan.failed else 1)

@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 from rich.live import Live
+from rich.markup import escape
 from rich.text import Text
 
 from inventory import ConfigError, JobOverrides, NprocSpec, load_job, parse_env_assignment
@@ -127,7 +128,8 @@ def print_dry_run(plan: LaunchPlan) -> None:
                   f"{plan.world_size}, master {plan.master_addr}:{plan.master_port}", markup=False)
     for hl in plan.hosts:
         where = "local" if hl.host.is_local else f"ssh {hl.host.address}"
-        console.print(f"\n[bold]{hl.host.name}[/] (node_rank {hl.node_rank}, {where}, cwd {hl.cwd})")
+        console.print(f"\n[bold]{escape(hl.host.name)}[/] (node_rank {hl.node_rank}, {escape(where)}, "
+                      f"cwd {escape(hl.cwd)})")
         console.print("  command: " + hl.display(f"~/.ddpctl/runs/{plan.job_id}/node{hl.node_rank}/torchrun"),
                       markup=False)
         for key, value in sorted(mask_env(hl.env).items()):
@@ -219,7 +221,7 @@ def up_command(
         try:
             port = settle_master_port(job, pool, facts, free_port, notice)
         except LaunchBlocked as exc:
-            err_console.print(f"[bold red]error:[/] {exc}", highlight=False)
+            err_console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
             raise typer.Exit(1) from None
         plan = build_plan(job, job_id, nprocs, port)
         run_dir = runs_dir / job_id
