@@ -1,0 +1,78 @@
+"""The node agent ships over stdin and runs on any python3 >= 3.8 with nothing installed."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+import node_agent
+from inventory import LOCALHOST
+from orchestrator.agent import agent_payload, call_agent, parse_reply
+from orchestrator.errors import HostError
+from orchestrator.transport import CommandResult, LocalTransport
+
+
+def find_python38() -> str | None:
+    """A real 3.8 interpreter (pyenv's shim on PATH may only print advice)."""
+    for candidate in [*sorted(Path("/root/.pyenv/versions").glob("3.8*/bin/python3.8")), "/usr/bin/python3.8"]:
+        if Path(candidate).is_file():
+            return str(candidate)
+    return None
+
+
+PY38 = find_python38()
+
+
+def test_payload_carries_every_agent_module() -> None:
+    import json
+    import zlib
+
+    header, blob = agent_payload().split(b"\n", 1)
+    assert int(header) == len(blob)
+    sources = json.loads(zlib.decompress(blob))
+    modules = {p.stem for p in Path(node_agent.__file__).parent.glob("*.py")}
+    assert {name.rsplit(".", 1)[-1] for name in sources} - {"node_agent"} == modules - {"__init__"}
+
+
+def test_agent_runs_from_stdin_without_the_package_on_the_path(tmp_path: Path) -> None:
+    reply = call_agent(LocalTransport(LOCALHOST), "ping")
+    assert reply.result["protocol"] == 1
+    assert reply.result["executable"]
+
+
+def test_missing_configured_interpreter_falls_back_to_python3() -> None:
+    host = replace(LOCALHOST, python="/nonexistent/bin/python")
+    reply = call_agent(LocalTransport(host), "ping")
+    assert reply.result["python"].startswith("3.")
+
+
+@pytest.mark.skipif(PY38 is None, reason="no python3.8 on this machine")
+def test_agent_ops_run_on_python_3_8() -> None:
+    host = replace(LOCALHOST, python=str(PY38))
+    t = LocalTransport(host)
+    assert call_agent(t, "ping").result["python"].startswith("3.8")
+    assert "free" in call_agent(t, "port_owners", {"port": 1}).result
+    assert call_agent(t, "ps", {}).result == {"jobs": []} or "jobs" in call_agent(t, "ps", {}).result
+    facts = call_agent(t, "facts", {"python": str(PY38), "workdir": "/tmp", "master_addr": "127.0.0.1",
+                                    "master_port": 29500}).result
+    assert "facts" in facts
+
+
+def test_unknown_op_and_garbage_become_host_errors() -> None:
+    with pytest.raises(HostError, match="unknown op"):
+        call_agent(LocalTransport(LOCALHOST), "no-such-op")
+    garbage = CommandResult("h", ("x",), 1, "motd banner\n", "bash: python3: not found\n", 0.1)
+    with pytest.raises(HostError, match="gave no result"):
+        parse_reply(garbage)
+
+
+def test_protocol_lines_are_separated_from_program_output() -> None:
+    from node_agent.protocol import EVENT_PREFIX, RESULT_PREFIX
+
+    out = f"hello\n{EVENT_PREFIX}{{\"event\": \"started\", \"pid\": 3}}\n{RESULT_PREFIX}{{\"x\": 1}}\n"
+    reply = parse_reply(CommandResult("h", ("x",), 0, out, "", 0.1))
+    assert reply.output == ["hello"] and reply.events[0]["pid"] == 3 and reply.result == {"x": 1}
+    assert sys.executable  # the agent was exercised under this interpreter above

@@ -1,0 +1,106 @@
+"""Pure launch planning: torchrun argv (static, c10d, module), node ranks, env masking, nproc."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from inventory import ConfigError, Host, Inventory, Job, Rendezvous
+from orchestrator.launch import split_rank
+from orchestrator.plan import build_plan, mask_env
+from orchestrator.preflight import HostFacts, resolve_nprocs
+
+A = Host(name="a", address="198.18.0.1", python="/opt/py/bin/python")
+B = Host(name="b", address="198.18.0.2", python="python3")
+C = Host(name="c", address="198.18.0.3", python="python3")
+
+
+def make_job(hosts: tuple[Host, ...] = (A, B), backend: str = "static", module: str | None = None,
+             nproc: int | str = 2, env: dict[str, str] | None = None) -> Job:
+    return Job(name="t", inventory=Inventory(hosts=(A, B, C)), hosts=hosts,
+               script=None if module else "train.py", module=module, args=("--lr", "0.1"),
+               nproc_per_node=nproc,  # type: ignore[arg-type]
+               rendezvous=Rendezvous(backend=backend),  # type: ignore[arg-type]
+               env=env or {}, source=Path("/jobs/job.toml"), base_dir=Path("/jobs"))
+
+
+def facts(name: str, gpus: int = 0, cpus: int = 8) -> HostFacts:
+    return HostFacts(host=name, hostname=name, cpu_count=cpus, gpu_count=gpus, python_found=True,
+                     cwd_exists=True, port=None, free_port=None)
+
+
+def test_static_argv_carries_node_rank_and_master() -> None:
+    plan = build_plan(make_job(), "t-1", {"a": 2, "b": 2}, 29500)
+    a, b = plan.hosts
+    assert a.argv() == ["/opt/py/bin/python", "-m", "torch.distributed.run", "--nnodes", "2",
+                        "--nproc-per-node", "2", "--node-rank", "0", "--master-addr", "198.18.0.1",
+                        "--master-port", "29500", "--max-restarts", "0", "--tee", "3",
+                        "train.py", "--lr", "0.1"]
+    assert b.argv()[b.argv().index("--node-rank") + 1] == "1"
+    assert b.argv()[0] == "python3"
+    assert plan.world_size == 4 and plan.master_addr == "198.18.0.1"
+
+
+def test_c10d_argv_uses_rendezvous_endpoint_and_job_id_without_node_rank() -> None:
+    plan = build_plan(make_job(backend="c10d"), "t-xyz", {"a": 2, "b": 2}, 29400)
+    for hl in plan.hosts:
+        argv = hl.argv()
+        joined = " ".join(argv)
+        assert "--rdzv-backend c10d --rdzv-endpoint 198.18.0.1:29400 --rdzv-id t-xyz" in joined
+        assert "--node-rank" not in argv and "--master-addr" not in argv
+
+
+def test_node_ranks_follow_host_order() -> None:
+    plan = build_plan(make_job(hosts=(C, A, B)), "t-1", {"a": 1, "b": 1, "c": 1}, 29500)
+    assert [(hl.host.name, hl.node_rank) for hl in plan.hosts] == [("c", 0), ("a", 1), ("b", 2)]
+    assert plan.master_addr == "198.18.0.3"  # the first selected host is the master
+    assert [hl.argv()[hl.argv().index("--node-rank") + 1] for hl in plan.hosts] == ["0", "1", "2"]
+
+
+def test_module_job_uses_module_flag_before_the_module_name() -> None:
+    (hl,) = build_plan(make_job(hosts=(A,), module="pkg.train"), "t-1", {"a": 1}, 29500).hosts
+    argv = hl.argv("/logs")
+    assert argv[-6:] == ["--module", "--log-dir", "/logs", "pkg.train", "--lr", "0.1"]
+
+
+def test_env_secrets_are_masked_and_job_id_is_set() -> None:
+    env = {"HF_TOKEN": "abc", "AWS_SECRET_ACCESS_KEY": "k", "DB_PASSWORD": "p", "api_key": "x",
+           "GLOO_SOCKET_IFNAME": "eth0"}
+    (hl,) = build_plan(make_job(hosts=(A,), env=env), "t-9", {"a": 1}, 29500).hosts
+    assert hl.env["HF_TOKEN"] == "abc" and hl.env["DDPCTL_JOB_ID"] == "t-9"
+    masked = mask_env(hl.env)
+    assert {k for k, v in masked.items() if v == "***"} == {"HF_TOKEN", "AWS_SECRET_ACCESS_KEY",
+                                                            "DB_PASSWORD", "api_key"}
+    assert masked["GLOO_SOCKET_IFNAME"] == "eth0" and masked["DDPCTL_JOB_ID"] == "t-9"
+
+
+@pytest.mark.parametrize(("text", "c10d", "expected"), [
+    ("[default1]:epoch=0 loss=1.0", False, ("3", "epoch=0 loss=1.0")),
+    ("[default0]:", False, ("2", "")),
+    ("[default1]:x", True, ("local1", "x")),
+    ("plain torchrun line", False, (None, "plain torchrun line")),
+])
+def test_split_rank_maps_torchrun_prefix_to_global_rank(text: str, c10d: bool,
+                                                        expected: tuple[str | None, str]) -> None:
+    plan = build_plan(make_job(), "t-1", {"a": 2, "b": 2}, 29500)
+    assert split_rank(plan.hosts[1], text, c10d) == expected
+
+
+def test_gpu_nproc_with_unequal_counts_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match=r"unequal GPU counts \(a=2, b=4\)"):
+        resolve_nprocs(make_job(nproc="gpu"), {"a": facts("a", gpus=2), "b": facts("b", gpus=4)})
+
+
+def test_gpu_nproc_on_a_host_without_gpu_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="b has no GPU"):
+        resolve_nprocs(make_job(nproc="gpu"), {"a": facts("a", gpus=2), "b": facts("b", gpus=0)})
+
+
+def test_auto_and_cpu_nproc() -> None:
+    f = {"a": facts("a", gpus=2, cpus=16), "b": facts("b", gpus=0, cpus=4)}
+    assert resolve_nprocs(make_job(nproc="auto"), f) == {"a": 2, "b": 4}
+    assert resolve_nprocs(make_job(nproc="cpu"), f) == {"a": 16, "b": 4}
+    assert resolve_nprocs(make_job(nproc="gpu"), {"a": facts("a", gpus=2), "b": facts("b", gpus=2)}) \
+        == {"a": 2, "b": 2}
+    assert resolve_nprocs(make_job(nproc=3), f) == {"a": 3, "b": 3}

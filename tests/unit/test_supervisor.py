@@ -1,0 +1,158 @@
+"""The node agent's supervise op on this machine: state file, stdin EOF / STOP / heartbeat end the job."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from inventory import LOCALHOST
+from node_agent.protocol import parse_line
+from node_agent.runstate import alive
+from orchestrator.agent import start_agent
+from orchestrator.transport import LocalTransport, RunningCommand
+
+# A stand-in for torchrun: ignores its argv, starts a grandchild in a NEW session (so the process
+# group kill alone cannot reach it), records both pids, then runs until told otherwise.
+FAKE_TORCHRUN = """
+import json, os, subprocess, sys, time
+print("ARGV " + json.dumps(sys.argv[1:]), flush=True)
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], start_new_session=True)
+with open(os.environ["PIDFILE"] + ".tmp", "w") as f:
+    f.write("%d %d" % (os.getpid(), child.pid))
+os.replace(os.environ["PIDFILE"] + ".tmp", os.environ["PIDFILE"])
+print("ready", flush=True)
+if os.environ.get("EXIT_CODE"):
+    child.kill()
+    sys.exit(int(os.environ["EXIT_CODE"]))
+time.sleep(300)
+"""
+
+
+@dataclass
+class Supervised:
+    running: RunningCommand
+    pidfile: Path
+    state_root: Path
+    job_id: str
+
+    def pids(self, timeout: float = 30) -> list[int]:
+        wait_until(self.pidfile.exists, timeout, "the fake torchrun to record its pids")
+        return [int(p) for p in self.pidfile.read_text().split()]
+
+    def state(self) -> dict[str, Any]:
+        return json.loads((self.state_root / "runs" / self.job_id / "node0" / "state.json").read_text())
+
+    def finish(self, timeout: float = 30) -> tuple[int, dict[str, Any], list[str]]:
+        """Exit code of the agent, its result and the program's output lines."""
+        code = self.running.wait(timeout)
+        assert code is not None, f"supervise op still running after {timeout}s"
+        result: dict[str, Any] = {}
+        output = []
+        for line in self.running.lines():
+            data = parse_line(line.text) if line.stream == "stdout" else None
+            if data is None:
+                output.append(line.text)
+            elif data["event"] == "result":
+                result = data["result"]
+        return code, result, output
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def supervise(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., Supervised]]:
+    state_root = tmp_path / "state"
+    monkeypatch.setenv("DDPCTL_STATE_ROOT", str(state_root))  # LocalTransport passes os.environ on
+    script = tmp_path / "fake_torchrun.py"
+    script.write_text(FAKE_TORCHRUN)
+    started: list[Supervised] = []
+
+    def start(job_id: str, heartbeat_timeout: float = 0, env: dict[str, str] | None = None) -> Supervised:
+        pidfile = tmp_path / f"{job_id}.pids"
+        request = {"job_id": job_id, "job_name": "fake", "node_rank": 0,
+                   "launcher": [sys.executable, str(script)], "program": ["train.py", "--x", "a b"],
+                   "env": {"PIDFILE": str(pidfile), **(env or {})}, "cwd": str(tmp_path), "grace": 2.0,
+                   "heartbeat_timeout": heartbeat_timeout, "detach": False}
+        sup = Supervised(start_agent(LocalTransport(LOCALHOST), "supervise", request), pidfile,
+                         state_root, job_id)
+        started.append(sup)
+        return sup
+
+    yield start
+    for sup in started:
+        sup.running.close_stdin()
+        sup.running.wait(10)
+        if sup.pidfile.exists():
+            for pid in (int(p) for p in sup.pidfile.read_text().split()):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+
+
+def gone(pids: list[int]) -> Callable[[], bool]:
+    return lambda: not any(alive(p) for p in pids)
+
+
+def test_state_file_and_argv_with_log_dir(supervise: Callable[..., Supervised]) -> None:
+    sup = supervise("sup-state-1")
+    torchrun_pid, _child = sup.pids()
+    state = sup.state()
+    assert state["status"] == "running" and state["pid"] == torchrun_pid and state["job_id"] == "sup-state-1"
+    log_dir = str(sup.state_root / "runs" / "sup-state-1" / "node0" / "torchrun")
+    assert state["argv"][-5:] == ["--log-dir", log_dir, "train.py", "--x", "a b"]
+    sup.running.close_stdin()
+    _code, result, output = sup.finish()
+    assert json.loads(next(o for o in output if o.startswith("ARGV "))[5:]) == \
+        ["--log-dir", log_dir, "train.py", "--x", "a b"]
+    assert result["stop_reason"] == "control connection lost (stdin closed)"
+    assert sup.state()["status"] == "exited"
+
+
+@pytest.mark.parametrize("how", ["close_stdin", "abort", "STOP"])
+def test_losing_or_stopping_the_control_plane_ends_torchrun_and_its_detached_child(
+        supervise: Callable[..., Supervised], how: str) -> None:
+    sup = supervise(f"sup-{how.lower()}-1")
+    pids = sup.pids()
+    assert all(alive(p) for p in pids)
+    if how == "close_stdin":
+        sup.running.close_stdin()
+    elif how == "abort":
+        sup.running.abort()
+    else:
+        sup.running.send(b"STOP\n")
+    _code, result, _output = sup.finish()
+    wait_until(gone(pids), 15, "torchrun and its setsid child to end")
+    expected = "stopped by the control plane" if how == "STOP" else "control connection lost"
+    assert expected in result["stop_reason"]
+    assert sup.state()["status"] == "exited"
+
+
+def test_no_heartbeat_stops_the_job(supervise: Callable[..., Supervised]) -> None:
+    sup = supervise("sup-heartbeat-1", heartbeat_timeout=1.0)
+    pids = sup.pids()
+    _code, result, _output = sup.finish(timeout=30)  # stdin stays open: only the watchdog can stop it
+    assert result["stop_reason"].startswith("no heartbeat from the control plane")
+    wait_until(gone(pids), 15, "the job to end after the heartbeat timeout")
+
+
+def test_program_exit_code_is_the_agent_exit_code(supervise: Callable[..., Supervised]) -> None:
+    sup = supervise("sup-exit-1", env={"EXIT_CODE": "3"})
+    code, result, output = sup.finish()
+    assert code == 3 and result["exit_code"] == 3 and result["stop_reason"] is None
+    assert "ready" in output
+    assert sup.state()["status"] == "exited" and sup.state()["exit_code"] == 3

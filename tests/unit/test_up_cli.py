@@ -1,0 +1,98 @@
+"""`ddpctl up --dry-run` and bad input through typer's CliRunner: exact commands, masked secrets."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from orchestrator.cli import app
+
+runner = CliRunner()
+
+
+def write_two_host_job(tmp_path: Path, backend: str = "static") -> Path:
+    (tmp_path / "hosts.toml").write_text(
+        '[defaults]\npython = "/opt/py/bin/python"\n\n'
+        '[[hosts]]\nname = "n0"\naddress = "198.18.7.1"\n\n'
+        '[[hosts]]\nname = "n1"\naddress = "198.18.7.2"\n')
+    (tmp_path / "train.py").write_text("")
+    job = tmp_path / "job.toml"
+    job.write_text(
+        'inventory = "hosts.toml"\n[job]\nname = "dry"\nscript = "train.py"\n'
+        'args = ["--msg", "a b; $(touch x)"]\nnproc_per_node = 2\n'
+        f'[rendezvous]\nmaster_port = 29555\nbackend = "{backend}"\n'
+        '[env]\nHF_TOKEN = "abc"\nGLOO_SOCKET_IFNAME = "eth0"\n')
+    return job
+
+
+def command_lines(output: str) -> list[str]:
+    return [line.split("command: ", 1)[1] for line in output.splitlines() if "command: " in line]
+
+
+def test_dry_run_shows_the_exact_command_per_host_with_masked_secrets(tmp_path: Path) -> None:
+    out = runner.invoke(app, ["up", str(write_two_host_job(tmp_path)), "--dry-run"])
+    assert out.exit_code == 0, out.output
+    cmds = [shlex.split(c) for c in command_lines(out.output)]
+    assert len(cmds) == 2
+    for node_rank, argv in enumerate(cmds):
+        assert argv[:7] == ["/opt/py/bin/python", "-m", "torch.distributed.run", "--nnodes", "2",
+                            "--nproc-per-node", "2"]
+        assert argv[argv.index("--node-rank") + 1] == str(node_rank)
+        assert argv[argv.index("--master-addr") + 1] == "198.18.7.1"
+        assert argv[argv.index("--master-port") + 1] == "29555"
+        assert Path(argv[-3]).name == "train.py"
+        assert argv[-2:] == ["--msg", "a b; $(touch x)"]  # quoted, one argument
+    assert "env: HF_TOKEN=***" in out.output
+    assert "abc" not in out.output
+    assert "env: GLOO_SOCKET_IFNAME=eth0" in out.output
+    assert "n0 (node_rank 0, ssh 198.18.7.1" in out.output and "n1 (node_rank 1, ssh 198.18.7.2" in out.output
+    assert not (tmp_path / "x").exists()
+
+
+def test_dry_run_c10d_and_overrides(tmp_path: Path) -> None:
+    job = write_two_host_job(tmp_path, backend="c10d")
+    out = runner.invoke(app, ["up", str(job), "--dry-run", "--master-port", "29600", "-e", "MY_KEY=zzz",
+                              "-e", "PLAIN=v=1", "--nproc-per-node", "3", "--hosts", "n1,n0"])
+    assert out.exit_code == 0, out.output
+    cmds = [shlex.split(c) for c in command_lines(out.output)]
+    assert len(cmds) == 2
+    for argv in cmds:
+        assert argv[argv.index("--rdzv-endpoint") + 1] == "198.18.7.2:29600"  # n1 is first: master
+        assert argv[argv.index("--nproc-per-node") + 1] == "3"
+        assert "--node-rank" not in argv
+    assert "n1 (node_rank 0" in out.output
+    assert "env: MY_KEY=***" in out.output and "zzz" not in out.output
+    assert "env: PLAIN=v=1" in out.output
+
+
+def test_missing_job_file_exits_2_naming_it(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.toml"
+    out = runner.invoke(app, ["up", str(missing), "--dry-run"])
+    assert out.exit_code == 2
+    assert "nope.toml" in out.output
+    assert "Traceback" not in out.output
+
+
+def test_bad_master_port_exits_2(tmp_path: Path) -> None:
+    out = runner.invoke(app, ["up", str(write_two_host_job(tmp_path)), "--dry-run", "--master-port", "http"])
+    assert out.exit_code == 2
+    assert "--master-port" in out.output and "'http'" in out.output
+    assert "Traceback" not in out.output
+
+
+def test_bad_env_assignment_exits_2(tmp_path: Path) -> None:
+    out = runner.invoke(app, ["up", str(write_two_host_job(tmp_path)), "--dry-run", "-e", "NOEQUALS"])
+    assert out.exit_code == 2
+    assert "NOEQUALS" in out.output and "KEY=VALUE" in out.output
+    assert "Traceback" not in out.output
+
+
+def test_bad_key_in_job_file_exits_2_naming_file_and_key(tmp_path: Path) -> None:
+    job = write_two_host_job(tmp_path)
+    job.write_text(job.read_text().replace("nproc_per_node = 2", 'nproc_per_node = "many"'))
+    out = runner.invoke(app, ["up", str(job), "--dry-run"])
+    assert out.exit_code == 2
+    assert "job.toml" in out.output and "nproc_per_node" in out.output
+    assert "Traceback" not in out.output
