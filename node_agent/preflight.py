@@ -9,6 +9,8 @@ import subprocess
 from pathlib import Path
 from typing import Any, BinaryIO, Dict, Optional
 
+from node_agent.runstate import alive, iter_states
+
 
 def gpu_count() -> int:
     nvidia = Path("/proc/driver/nvidia/gpus")
@@ -35,7 +37,20 @@ def port_owners(port: int) -> Optional[Dict[str, Any]]:
         from node_agent.ports import find_owners
     except ImportError:
         return None
-    return find_owners(port, "tcp")
+    info = find_owners(port, "tcp")
+    for owner in info.get("owners", []):
+        job_id = owner.get("ddpctl_job_id")
+        owner["job_live"] = bool(job_id) and job_is_supervised(job_id)
+    return info
+
+
+def job_is_supervised(job_id: str) -> bool:
+    """A ddpctl job whose supervisor on this host still runs it: live, not stale."""
+    for state in iter_states(job_id):
+        pid = state.get("supervisor_pid")
+        if state.get("status") == "running" and pid and alive(int(pid)):
+            return True
+    return False
 
 
 def preflight(request: Dict[str, Any], control: BinaryIO) -> Dict[str, Any]:

@@ -22,6 +22,7 @@ from orchestrator.plan import HostLaunch, LaunchPlan, mask_env
 from orchestrator.transport import RunningCommand
 
 HEARTBEAT_EVERY = 2.0
+CHECK_EVERY = 0.5  # how often silent hosts and hangs are looked for
 LOST_AFTER = 15.0  # no line or heartbeat event from a host for this long: the host is lost
 TORCHRUN_PREFIX = re.compile(r"^\[(?P<role>[A-Za-z_]*?)(?P<local>\d+)\]:(?P<text>.*)$")
 
@@ -252,13 +253,16 @@ class Launch:
             threading.Thread(target=self._start_host, args=(launch,), daemon=True).start()
         interrupts = 0
         try:
+            next_check = time.monotonic() + CHECK_EVERY
             while not all(r.done for r in self.runs.values()):
                 try:
-                    name, kind, payload = self.events.get(timeout=0.5)
-                    self._handle(name, kind, payload)
-                except queue.Empty:
-                    self._check_silence()
-                    self._check_hang()
+                    with contextlib.suppress(queue.Empty):
+                        name, kind, payload = self.events.get(timeout=CHECK_EVERY)
+                        self._handle(name, kind, payload)
+                    if time.monotonic() >= next_check:  # on a timer: busy hosts must not starve it
+                        next_check = time.monotonic() + CHECK_EVERY
+                        self._check_silence()
+                        self._check_hang()
                 except KeyboardInterrupt:
                     interrupts += 1
                     if interrupts == 1 and self.options.dump_on_interrupt:

@@ -102,6 +102,12 @@ def settle_master_port(job: Job, pool: HostPool, facts: dict[str, HostFacts], fr
     owners = [o for o in ((mf.port or {}).get("owners") or []) if o.get("pid")]
     if not owners:
         return port
+    live = [o for o in owners if o.get("job_live")]
+    if live:
+        job = live[0]["ddpctl_job_id"]
+        raise LaunchBlocked(
+            f"master port {port} on {master.name} is used by running ddpctl job {job} "
+            f"({describe_owner(live[0])})\n  fix: ddpctl down {job}, or set master_port = \"auto\"")
     stale = all(o.get("ddpctl_job_id") for o in owners)
     if not stale and not free_foreign:
         who = "; ".join(describe_owner(o) for o in owners)

@@ -52,8 +52,6 @@ def free_tcp_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.mark.xfail(strict=True, reason="bug: orchestrator/preflight.py settle_master_port treats every owner "
-                   "carrying DDPCTL_JOB_ID as stale, so a live supervised job on the port is killed")
 def test_a_running_job_on_the_master_port_is_not_killed_as_stale(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Only a holder whose job is no longer supervised is stale; a live job blocks the launch."""
