@@ -254,8 +254,10 @@ class Launch:
         interrupts = 0
         try:
             next_check = time.monotonic() + CHECK_EVERY
-            while not all(r.done for r in self.runs.values()):
-                try:
+            while True:
+                try:  # the whole iteration: a Ctrl-C may land anywhere in it
+                    if all(r.done for r in self.runs.values()):
+                        break
                     with contextlib.suppress(queue.Empty):
                         name, kind, payload = self.events.get(timeout=CHECK_EVERY)
                         self._handle(name, kind, payload)
