@@ -8,7 +8,6 @@ import json
 import os
 import re
 import secrets
-import shutil
 import signal
 import subprocess
 import sys
@@ -21,6 +20,7 @@ from typing import Any
 
 from tests import cluster_files as files
 from tests.cluster_sys import (
+    NETNS_ETC,
     REGISTRY,
     START_TIMEOUT_S,
     ClusterError,
@@ -48,7 +48,6 @@ __all__ = ["Cluster", "ClusterError", "ClusterHost", "leftovers", "start_cluster
 
 MAX_PREFIX_LEN = 10  # "<prefix>-v99" must fit Linux's 15-character interface names
 MAX_HOSTS = 99
-NETNS_ETC = Path("/etc/netns")  # ip netns exec bind-mounts <this>/<ns>/* over /etc/*
 # Runs argv under a fresh UTS namespace with the host's hostname ($1); argv is never a string.
 _HOSTNAME_EXEC = 'hostname "$1" && shift && exec "$@"'
 
@@ -211,8 +210,6 @@ class Cluster:
                     proc.wait(timeout=10)
             remove_network(self.bridge, [h.veth for h in self.hosts],
                            [h.netns for h in self.hosts])
-            for h in self.hosts:
-                shutil.rmtree(NETNS_ETC / h.netns, ignore_errors=True)
             (REGISTRY / f"{self.prefix}.json").unlink(missing_ok=True)
         left = leftovers(self.prefix)
         if left:

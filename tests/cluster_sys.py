@@ -7,6 +7,7 @@ import ipaddress
 import json
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import time
@@ -163,10 +164,15 @@ def kill_netns(namespaces: Sequence[str]) -> None:
     wait_until(empty, 10.0, f"the processes of namespaces {', '.join(namespaces)} to die")
 
 
+NETNS_ETC = Path("/etc/netns")  # ip netns exec bind-mounts <this>/<ns>/* over /etc/*
+
+
 def remove_network(bridge: str, veths: Sequence[str], namespaces: Sequence[str]) -> None:
     """Delete veths (their namespace ends go with them), namespaces and bridge; missing is ok."""
     lines = [f"link del {v}" for v in veths] + [f"netns del {n}" for n in namespaces]
     ip_batch([*lines, f"link del {bridge}"], force=True)
+    for n in namespaces:  # the per-host /etc overlay (hosts file) that `ip netns exec` mounts
+        shutil.rmtree(NETNS_ETC / n, ignore_errors=True)
 
 
 def leftovers(prefix: str) -> list[str]:
