@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 from typing import Any, BinaryIO, Dict, Optional
 
+from node_agent.factparse import parse_nvidia_apps
 from node_agent.protocol import write_line
 from node_agent.runstate import alive, end_job, iter_states, job_pids, proc_start_ticks
 
@@ -17,17 +18,16 @@ def _running(state: Dict[str, Any]) -> bool:
 
 
 def _gpu_memory_by_pid() -> Dict[int, int]:
+    """pid -> GPU MiB, from the same nvidia-smi query and parser the doctor's facts use."""
     try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-            capture_output=True, text=True, timeout=10, check=False).stdout
+        out = subprocess.run(["nvidia-smi", "--query-compute-apps=gpu_uuid,pid,process_name,used_memory",
+                              "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=10, check=False).stdout
     except (OSError, subprocess.SubprocessError):
         return {}
-    usage = {}
-    for line in out.splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) == 2 and parts[0].isdigit() and parts[1].isdigit():
-            usage[int(parts[0])] = int(parts[1])
+    usage: Dict[int, int] = {}
+    for app in parse_nvidia_apps(out):
+        usage[app["pid"]] = usage.get(app["pid"], 0) + int(app["used_memory_mib"] or 0)
     return usage
 
 

@@ -50,16 +50,22 @@ def iter_states(job: Optional[str] = None) -> Iterator[Dict[str, Any]]:
         yield data
 
 
-def proc_env_var(pid: int, name: str) -> Optional[str]:
+def proc_environ(pid: int) -> Dict[str, str]:
+    """A process's environment from /proc (empty when it is gone or not ours to read)."""
     try:
         raw = Path("/proc/%d/environ" % pid).read_bytes()
     except OSError:
-        return None
-    prefix = name.encode() + b"="
+        return {}
+    env = {}
     for item in raw.split(b"\0"):
-        if item.startswith(prefix):
-            return item[len(prefix):].decode("utf-8", "replace")
-    return None
+        key, sep, value = item.partition(b"=")
+        if sep:
+            env[key.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
+    return env
+
+
+def proc_env_var(pid: int, name: str) -> Optional[str]:
+    return proc_environ(pid).get(name)
 
 
 def proc_job_id(pid: int) -> Optional[str]:

@@ -10,22 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any, BinaryIO, Dict, List, Optional
 
-from node_agent.runstate import iter_states, job_pids
-
-RANK_VARS = ("RANK", "LOCAL_RANK", "GROUP_RANK")
-
-
-def proc_env(pid: int, names: tuple = RANK_VARS) -> Dict[str, str]:
-    try:
-        raw = Path("/proc/%d/environ" % pid).read_bytes()
-    except OSError:
-        return {}
-    out = {}
-    for item in raw.split(b"\0"):
-        key, _, value = item.partition(b"=")
-        if key.decode("utf-8", "replace") in names:
-            out[key.decode()] = value.decode("utf-8", "replace")
-    return out
+from node_agent.runstate import iter_states, job_pids, proc_environ
 
 
 def find_py_spy(python: Optional[str]) -> Optional[str]:
@@ -69,7 +54,7 @@ def dump(request: Dict[str, Any], control: BinaryIO) -> Dict[str, Any]:
     for state in states:
         job_id = state["job_id"]
         for pid in job_pids(job_id, state.get("node_rank")):
-            env = proc_env(pid)
+            env = proc_environ(pid)
             if "RANK" in env:
                 workers.append({"job_id": job_id, "pid": pid, "rank": int(env["RANK"]),
                                 "local_rank": int(env.get("LOCAL_RANK", -1)),
