@@ -367,6 +367,18 @@ def _check_request(n: int, prefix: str, port: int) -> None:
         raise ClusterError(f"prefix {prefix!r} is in use: {', '.join(leftovers(prefix))}")
 
 
+def require_cluster() -> None:
+    """For tests: skip when no cluster can be built here; fail instead under DDPCTL_REQUIRE_CLUSTER=1."""
+    import pytest
+
+    reason = unavailable_reason()
+    if reason is None:
+        return
+    if os.environ.get("DDPCTL_REQUIRE_CLUSTER") == "1":
+        pytest.fail(f"DDPCTL_REQUIRE_CLUSTER=1 but {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
 def start_cluster(n: int, workdir: Path, prefix: str | None = None, port: int = 22) -> Cluster:
     """Bring up `n` hosts node0..node{n-1}, each with its own namespace, address and sshd.
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -13,17 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # `tests.cluster` and the project packages import from the root
     sys.path.insert(0, str(ROOT))
 
-from tests.cluster import Cluster, ClusterError, start_cluster, unavailable_reason  # noqa: E402
-
-
-def require_cluster() -> None:
-    """Skip when no cluster can be built here; fail instead under DDPCTL_REQUIRE_CLUSTER=1."""
-    reason = unavailable_reason()
-    if reason is None:
-        return
-    if os.environ.get("DDPCTL_REQUIRE_CLUSTER") == "1":
-        pytest.fail(f"DDPCTL_REQUIRE_CLUSTER=1 but {reason}", pytrace=False)
-    pytest.skip(reason)
+from tests.cluster import Cluster, ClusterError, require_cluster, start_cluster  # noqa: E402
 
 
 @pytest.fixture

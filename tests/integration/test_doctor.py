@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 from collections.abc import Iterator
@@ -14,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from orchestrator.cli import app
-from tests.cluster import Cluster, start_cluster, unavailable_reason
+from tests.cluster import Cluster, require_cluster, start_cluster
 
 pytestmark = pytest.mark.cluster
 runner = CliRunner()
@@ -25,11 +24,7 @@ MASTER_PORT = 29500
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     """Two hosts for this module; every test undoes its fault in a finally."""
-    reason = unavailable_reason()
-    if reason is not None:
-        if os.environ.get("DDPCTL_REQUIRE_CLUSTER") == "1":
-            pytest.fail(f"DDPCTL_REQUIRE_CLUSTER=1 but {reason}", pytrace=False)
-        pytest.skip(reason)
+    require_cluster()
     with start_cluster(2, tmp_path_factory.mktemp("doctor")) as c:
         yield c
 
