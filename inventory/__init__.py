@@ -3,7 +3,7 @@
 from inventory.errors import ConfigError
 from inventory.hostfile import load_hostfile
 from inventory.hostrange import expand_hostnames
-from inventory.jobfile import load_job, parse_env_assignment
+from inventory.jobfile import apply_overrides, load_job, parse_env_assignment
 from inventory.loading import load_inventory
 from inventory.model import (
     LOCALHOST,
@@ -25,6 +25,7 @@ __all__ = [
     "JobOverrides",
     "NprocSpec",
     "Rendezvous",
+    "apply_overrides",
     "expand_hostnames",
     "load_hostfile",
     "load_inventory",

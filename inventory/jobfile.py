@@ -221,6 +221,30 @@ def _read_spec(doc: TomlFile, section: dict[str, Any], inventory: Inventory) -> 
     )
 
 
+def apply_overrides(job: Job, overrides: JobOverrides) -> Job:
+    """`job` (loaded or built in code) with command-line style overrides applied and checked, as
+    `load_job(path, overrides)` would: each bad value is blamed on its flag."""
+    spec = _Spec(job.nproc_per_node, job.rendezvous.master_addr, job.rendezvous.master_port,
+                 job.rendezvous.backend, dict(job.env), job.hosts)
+    spec = _apply_overrides(spec, overrides, job.inventory)
+    _check_master(_JobReporter(job.source), spec, job.inventory)
+    return replace(job, hosts=spec.hosts, nproc_per_node=spec.nproc, env=MappingProxyType(dict(spec.env)),
+                   rendezvous=Rendezvous(spec.master_addr, spec.master_port, spec.backend))
+
+
+@dataclass(frozen=True)
+class _JobReporter:
+    """Blames a key of a job that has no TOML document at hand (built in code, or overridden)."""
+
+    source: Path | None
+
+    def error(self, key: str, message: str, hint: str | None = None, *, value: object = None) -> ConfigError:
+        return ConfigError(message, file=self.source, key=key, hint=hint)
+
+    def key_error(self, key: str, message: str, hint: str | None = None) -> ConfigError:
+        return ConfigError(message, file=self.source, key=key, hint=hint)
+
+
 def _apply_overrides(spec: _Spec, overrides: JobOverrides, inventory: Inventory) -> _Spec:
     """Command-line values replace file values; each is validated and blamed on its flag."""
     if overrides.nproc_per_node is not None:
@@ -296,7 +320,7 @@ def _unknown_host(name: str, inventory: Inventory) -> _Problem:
     return _Problem(f'host "{name}" is not in the inventory ({where})', hint)
 
 
-def _check_master(doc: TomlFile, spec: _Spec, inventory: Inventory) -> None:
+def _check_master(doc: Reporter, spec: _Spec, inventory: Inventory) -> None:
     """master_addr must name a selected host (node_rank 0 for static), or be an IP literal."""
     addr = spec.master_addr
     if addr is None:

@@ -20,7 +20,6 @@ OPS: Dict[str, str] = {
     "listen": "node_agent.probe:listen",
     "connect": "node_agent.probe:connect",
     "supervise": "node_agent.supervisor:supervise",
-    "preflight": "node_agent.preflight:preflight",
     "ps": "node_agent.jobs:ps",
     "down": "node_agent.jobs:down",
     "logs": "node_agent.jobs:logs",

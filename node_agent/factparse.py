@@ -156,6 +156,11 @@ def parse_nvidia_apps(text: str) -> List[Dict[str, Any]]:
     return apps
 
 
+def count_nvidia_list(text: str) -> int:
+    """`nvidia-smi -L` -> the number of GPUs ("GPU 0: ..." lines; indented MIG lines are not GPUs)."""
+    return sum(1 for line in text.splitlines() if line.startswith("GPU "))
+
+
 TORCH_MARK = "@@TORCH@@"
 
 

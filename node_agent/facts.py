@@ -1,7 +1,8 @@
-"""The "facts" op: everything doctor checks about one host, gathered in one round trip.
+"""The "facts" op: what doctor checks and what a launch needs about one host, in one round trip.
 
 Each sub-fact is a command plus a pure parser (node_agent/factparse.py); one that fails records
-an error string under result["errors"][name] and never stops the others.
+an error string under result["errors"][name] and never stops the others. request["select"] names
+the sub-facts to run (the launch asks for a few); without it, doctor's whole set runs.
 """
 
 from __future__ import annotations
@@ -17,105 +18,15 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, Dict, List, Optional
+from typing import Any, BinaryIO, Callable, Dict, List, Optional, Tuple
 
 from node_agent import factparse
+from node_agent.ports import find_owners
 from node_agent.protocol import emit_event
+from node_agent.runstate import job_is_supervised
+from node_agent.torch_facts import fact_torch
 
 CMD_TIMEOUT_S = 10.0
-TORCH_TIMEOUT_S = 90.0
-
-# Runs under the inventory's interpreter (which may not be the agent's); constant, no user data.
-# argv[1] is a cache directory ("" for none): importing torch costs seconds, so its facts are
-# kept under a key of everything they depend on (interpreter, torch files, driver, visible GPUs).
-CACHE_KEY_SRC = r"""
-import glob, hashlib, importlib.util, json, os, platform, sys, time
-def key():
-    parts = [sys.executable, platform.python_version(), os.environ.get("CUDA_VISIBLE_DEVICES", "")]
-    spec = importlib.util.find_spec("torch")
-    if spec is None or not spec.origin:
-        return None
-    root = os.path.dirname(spec.origin)
-    for path in [spec.origin, os.path.join(root, "version.py")] + glob.glob(root + "/_C*.so"):
-        st = os.stat(path)
-        parts.append("%s:%d:%d" % (path, st.st_mtime_ns, st.st_size))
-    try:
-        with open("/proc/driver/nvidia/version") as f:
-            parts.append(f.read())
-    except OSError:
-        pass
-    parts += sorted(glob.glob("/dev/nvidia[0-9]*"))
-    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
-def cached(cache_dir):
-    try:
-        k = key() if cache_dir else None
-    except Exception:
-        k = None
-    path = os.path.join(cache_dir, "torch-facts-%s.json" % k) if k else None
-    if path and os.path.exists(path) and time.time() - os.path.getmtime(path) < 86400:
-        with open(path) as f:
-            d = json.load(f)
-        d["cached"] = True
-        return path, d
-    return path, None
-"""
-TORCH_SNIPPET = CACHE_KEY_SRC + r"""
-cache_dir = sys.argv[1] if len(sys.argv) > 1 else ""
-path, d = cached(cache_dir)
-if d is not None:
-    print("@@TORCH@@" + json.dumps(d))
-    sys.exit(0)
-d = {"python": platform.python_version(), "executable": sys.executable}
-try:
-    import torch
-except Exception as e:
-    d["importable"] = False
-    d["error"] = "%s: %s" % (type(e).__name__, e)
-    print("@@TORCH@@" + json.dumps(d))
-    sys.exit(0)
-d["importable"] = True
-d["version"] = torch.__version__
-d["cuda"] = torch.version.cuda
-try:
-    d["nccl"] = ".".join(str(x) for x in torch.cuda.nccl.version())
-except Exception:
-    d["nccl"] = None
-try:
-    d["cuda_available"] = torch.cuda.is_available()
-    n = torch.cuda.device_count()
-    d["device_count"] = n
-    d["devices"] = []
-    for i in range(n if d["cuda_available"] else 0):
-        p = torch.cuda.get_device_properties(i)
-        d["devices"].append({"name": p.name, "memory_mib": p.total_memory // 1048576})
-except Exception as e:
-    d["cuda_error"] = "%s: %s" % (type(e).__name__, e)
-try:
-    import torch.distributed as dist
-    d["nccl_backend"] = dist.is_nccl_available()
-    d["gloo_backend"] = dist.is_gloo_available()
-except Exception:
-    pass
-print("@@TORCH@@" + json.dumps(d))
-if path and "cuda_error" not in d:
-    try:
-        os.makedirs(cache_dir, exist_ok=True)
-        tmp = "%s.%d" % (path, os.getpid())
-        with open(tmp, "w") as f:
-            json.dump(d, f)
-        os.replace(tmp, path)
-    except OSError:
-        pass
-"""
-
-
-def cache_dir(req: Dict[str, Any]) -> str:
-    """Where torch facts are cached on this host ("" when the request says not to)."""
-    if req.get("no_cache"):
-        return ""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "ddpctl")
-
 
 def run(argv: List[str], timeout: float = CMD_TIMEOUT_S) -> str:
     """stdout of argv; raises with the command's own error text when it fails."""
@@ -136,27 +47,29 @@ def fact_python(req: Dict[str, Any]) -> Dict[str, Any]:
             "agent_version": platform.python_version(), "path_env": os.environ.get("PATH", "")}
 
 
-def cached_in_process(python: str, cache: str) -> Optional[Dict[str, Any]]:
-    """When the agent runs under the inventory's interpreter, read the cache without a child."""
-    if not cache or os.path.realpath(python) != os.path.realpath(sys.executable):
-        return None
-    namespace: Dict[str, Any] = {}
-    exec(compile(CACHE_KEY_SRC, "ddpctl-torch-cache", "exec"), namespace)
-    found: Optional[Dict[str, Any]] = namespace["cached"](cache)[1]
-    return found
+def fact_cpu_count(req: Dict[str, Any]) -> int:
+    """CPUs this process may run on (its affinity mask: a cgroup or taskset limit counts)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
 
-def fact_torch(req: Dict[str, Any]) -> Dict[str, Any]:
-    python = shutil.which(str(req.get("python") or "python3"))
-    if python is None:
-        raise FileNotFoundError("interpreter %s not found" % req.get("python"))
-    hit = cached_in_process(python, cache_dir(req))
-    if hit is not None:
-        return hit
-    proc = subprocess.run([python, "-c", TORCH_SNIPPET, cache_dir(req)], stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, universal_newlines=True,
-                          timeout=TORCH_TIMEOUT_S, check=False)
-    return factparse.parse_torch_output(proc.returncode, proc.stdout, proc.stderr)
+def fact_gpu_count(req: Dict[str, Any]) -> int:
+    """NVIDIA GPUs the driver knows (0 where there is no driver or nvidia-smi fails)."""
+    nvidia = Path("/proc/driver/nvidia/gpus")
+    if nvidia.is_dir():
+        return len(list(nvidia.iterdir()))
+    try:
+        return factparse.count_nvidia_list(run(["nvidia-smi", "-L"], timeout=15.0))
+    except (OSError, RuntimeError, subprocess.SubprocessError):
+        return 0
+
+
+def fact_free_port(req: Dict[str, Any]) -> int:
+    """A TCP port free right now (the kernel's pick for port 0), for master_port = "auto"."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
 
 
 def fact_gpus(req: Dict[str, Any]) -> Optional[Dict[str, Any]]:
@@ -246,13 +159,11 @@ def fact_master_port(req: Dict[str, Any]) -> Dict[str, Any]:
                 out["bind_error"] = str(exc)
     if out["bindable"]:
         return out
-    try:
-        from node_agent.ports import find_owners  # lands separately; facts work without it
-    except ImportError:
-        out["owners"] = None
-        return out
-    found = find_owners(port, "tcp")
-    out["owners"] = (found or {}).get("owners") if isinstance(found, dict) else found
+    owners = find_owners(port, "tcp")["owners"]
+    for owner in owners:
+        job_id = owner.get("ddpctl_job_id")
+        owner["job_live"] = bool(job_id) and job_is_supervised(job_id)
+    out["owners"] = owners
     return out
 
 
@@ -303,26 +214,68 @@ def fact_hostname_resolution(req: Dict[str, Any]) -> List[Dict[str, str]]:
     return fact_resolve(socket.gethostname())
 
 
-def sub_facts(req: Dict[str, Any]) -> Dict[str, Callable[[Dict[str, Any]], Any]]:
-    table: Dict[str, Callable[[Dict[str, Any]], Any]] = {
-        "python": fact_python, "torch": fact_torch, "gpus": fact_gpus,
-        "interfaces": fact_interfaces, "firewall": fact_firewall, "workdir": fact_workdir,
-        "infiniband": fact_infiniband, "memlock": fact_memlock, "env": fact_env,
-        "resolution": fact_resolution, "hostname_resolution": fact_hostname_resolution,
+Fact = Callable[[Dict[str, Any]], Any]
+Needs = Callable[[Dict[str, Any]], bool]
+ON_SELECT_ONLY = frozenset({"gpu_count"})  # not in doctor's set: doctor reads fact_gpus
+
+
+def _always(req: Dict[str, Any]) -> bool:
+    return True
+
+
+def registry() -> Dict[str, Tuple[Fact, Needs]]:
+    """name -> (sub-fact, whether the request carries what it needs); a sub-fact whose needs are
+    not met is skipped, selected or not. Built per call, so tests can replace a sub-fact."""
+    return {
+        "python": (fact_python, _always),
+        "torch": (fact_torch, _always),
+        "gpus": (fact_gpus, _always),
+        "interfaces": (fact_interfaces, _always),
+        "firewall": (fact_firewall, _always),
+        "workdir": (fact_workdir, _always),
+        "infiniband": (fact_infiniband, _always),
+        "memlock": (fact_memlock, _always),
+        "env": (fact_env, _always),
+        "resolution": (fact_resolution, _always),
+        "hostname_resolution": (fact_hostname_resolution, _always),
+        "cpu_count": (fact_cpu_count, _always),
+        "gpu_count": (fact_gpu_count, _always),
+        "script": (fact_script, lambda req: bool(req.get("script"))),
+        "master_port": (fact_master_port, lambda req: bool(req.get("check_port") and req.get("master_port"))),
+        "free_port": (fact_free_port, lambda req: bool(req.get("pick_port"))),
     }
-    if req.get("script"):
-        table["script"] = fact_script
-    if req.get("check_port") and req.get("master_port"):
-        table["master_port"] = fact_master_port
-    return table
+
+
+def sub_facts(req: Dict[str, Any]) -> Tuple[Dict[str, Fact], Dict[str, str]]:
+    """The sub-facts this request runs, and an error for each name in its selection that is unknown.
+    Without "select": every sub-fact but ON_SELECT_ONLY (doctor's set)."""
+    known = registry()
+    select = req.get("select")
+    if select is None:
+        names = [n for n in known if n not in ON_SELECT_ONLY]
+    elif isinstance(select, list):
+        names = [str(n) for n in select]
+    else:
+        raise ValueError("select must be a list of fact names, not %r" % (select,))
+    table: Dict[str, Fact] = {}
+    errors: Dict[str, str] = {}
+    for name in names:
+        if name == "hostname":
+            continue  # always there
+        if name not in known:
+            errors[name] = "unknown fact"
+            continue
+        fn, needs = known[name]
+        if needs(req):
+            table[name] = fn
+    return table, errors
 
 
 def collect(request: Dict[str, Any], started: float) -> Dict[str, Any]:
-    """Run every sub-fact (in parallel threads: the torch import dominates) and collect them."""
+    """Run the selected sub-facts (in parallel threads: the torch import dominates) and collect them."""
     facts: Dict[str, Any] = {"hostname": socket.gethostname()}
-    errors: Dict[str, str] = {}
-    table = sub_facts(request)
-    with ThreadPoolExecutor(max_workers=len(table)) as pool:
+    table, errors = sub_facts(request)
+    with ThreadPoolExecutor(max_workers=max(1, len(table))) as pool:
         futures = {name: pool.submit(fn, request) for name, fn in table.items()}
         for name, future in futures.items():
             try:

@@ -8,8 +8,9 @@ from pathlib import Path
 from typing import Any, BinaryIO, Dict, Optional
 
 from node_agent.factparse import parse_nvidia_apps
+from node_agent.procfs import alive
 from node_agent.protocol import write_line
-from node_agent.runstate import alive, end_job, iter_states, job_pids, proc_start_ticks
+from node_agent.runstate import end_job, iter_states, job_pids, proc_start_ticks
 
 
 def _running(state: Dict[str, Any]) -> bool:

@@ -11,12 +11,13 @@ import contextlib
 import ipaddress
 import os
 import pwd
-import signal
 import time
 from pathlib import Path
 from typing import Any, BinaryIO, Dict, Iterable, List, Optional, Set
 
-from node_agent.runstate import alive, proc_cmdline, proc_job_id
+from node_agent.procfs import iter_stats, proc_cmdline, process_groups, read_stat
+from node_agent.runstate import proc_job_id
+from node_agent.terminate import terminate
 
 try:
     import psutil
@@ -135,11 +136,8 @@ def unseen_sockets(sockets: List[Dict[str, Any]], holders: List[Dict[str, Any]])
 
 
 def ppid_of(pid: int) -> Optional[int]:
-    try:
-        stat = Path("/proc/%d/stat" % pid).read_text()
-    except OSError:
-        return None
-    return int(stat.rsplit(")", 1)[1].split()[1])
+    stat = read_stat(pid)
+    return stat.ppid if stat else None
 
 
 def process_info(pid: int) -> Dict[str, Any]:
@@ -189,13 +187,15 @@ def is_torchrun(cmdline: List[str]) -> bool:
 
 
 def _create_time(pid: int) -> Optional[float]:
+    stat = read_stat(pid)
+    if stat is None:
+        return None
     try:
-        ticks = int(Path("/proc/%d/stat" % pid).read_text().rsplit(")", 1)[1].split()[19])
         btime = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
                      if line.startswith("btime"))
     except (OSError, StopIteration, ValueError):
         return None
-    return btime + ticks / float(CLK_TCK)
+    return btime + stat.start_ticks / float(CLK_TCK)
 
 
 def find_owners(port: int, proto: str = "tcp") -> Dict[str, Any]:
@@ -260,11 +260,8 @@ def _user(uid: int) -> str:
 
 def children_map() -> Dict[int, List[int]]:
     kids: Dict[int, List[int]] = {}
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            parent = ppid_of(int(d.name))
-            if parent is not None:
-                kids.setdefault(parent, []).append(int(d.name))
+    for stat in iter_stats():
+        kids.setdefault(stat.ppid, []).append(stat.pid)
     return kids
 
 
@@ -285,43 +282,11 @@ def process_tree(owner: Dict[str, Any], protected: Set[int]) -> List[int]:
     return tree
 
 
-def signal_pids(pids: Iterable[int], sig: int, errors: List[Dict[str, Any]]) -> None:
-    """Signal each pid; the whole process group where it leads one of its own (not the agent's)
-    and every member of that group is among `pids` (a refused member is never signalled)."""
-    pids = list(pids)
-    mine, groups = os.getpgrp(), process_groups()
-    for pid in pids:
-        try:
-            if pid != mine and pid in groups and set(groups[pid]) <= set(pids):
-                os.killpg(pid, sig)
-            else:
-                os.kill(pid, sig)
-        except ProcessLookupError:
-            continue
-        except PermissionError as exc:
-            errors.append({"pid": pid, "error": "%s: %s" % (signal.Signals(sig).name, exc)})
-
-
-def process_groups() -> Dict[int, List[int]]:
-    """pgid -> member pids, from /proc/<pid>/stat."""
-    groups: Dict[int, List[int]] = {}
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                pgid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[2])
-            except (OSError, IndexError, ValueError):
-                continue
-            groups.setdefault(pgid, []).append(int(d.name))
-    return groups
-
-
-def wait_gone(pids: List[int], timeout: float) -> List[int]:
-    deadline = time.monotonic() + timeout
-    left = [p for p in pids if alive(p)]
-    while left and time.monotonic() < deadline:
-        time.sleep(0.05)
-        left = [p for p in left if alive(p)]
-    return left
+def whole_groups(pids: Iterable[int]) -> List[int]:
+    """Process groups to signal as one: led by one of `pids` (never the agent's own group) and with
+    every member among `pids`, so that a refused member is never signalled."""
+    chosen, mine, groups = set(pids), os.getpgrp(), process_groups()
+    return sorted(p for p in chosen if p != mine and p in groups and set(groups[p]) <= chosen)
 
 
 def wait_free(port: int, proto: str, timeout: float, targets: Set[int]) -> Dict[str, Any]:
@@ -370,16 +335,12 @@ def kill_port(request: Dict[str, Any], control: BinaryIO) -> Dict[str, Any]:
         result.update(free_after=info["free"], exit_code=0 if info["free"] else 1)
         return result
     everyone = tree_pids(targets, protected, bool(request.get("force")))
-    commands = {p: " ".join(proc_cmdline(p))[:300] for p in everyone}
-    signal_pids(everyone, signal.SIGTERM, result["errors"])
-    survivors = wait_gone(everyone, grace)
-    if survivors:
-        signal_pids(survivors, signal.SIGKILL, result["errors"])
-        wait_gone(survivors, 5.0)
+    done = terminate(everyone, whole_groups(everyone), grace)
     owner_pids = {o["pid"] for o in targets}
-    result["killed"] = [{"pid": p, "cmdline": commands[p], "signal": "SIGKILL" if p in survivors else "SIGTERM",
-                         "owner": p in owner_pids} for p in everyone if not alive(p)]
-    result["errors"] += [{"pid": p, "error": "still alive after SIGKILL"} for p in everyone if alive(p)]
+    result["killed"] = [{"pid": p, "cmdline": " ".join(done.commands[p])[:300],
+                         "signal": "SIGKILL" if p in done.killed else "SIGTERM", "owner": p in owner_pids}
+                        for p in everyone if p not in done.left]
+    result["errors"] += done.errors + [{"pid": p, "error": "still alive after SIGKILL"} for p in done.left]
     after = wait_free(port, proto, 5.0, set(everyone))
     result.update(after=after["owners"], free_after=after["free"], time_wait=after["time_wait"],
                   time_wait_max_s=after["time_wait_max_s"], exit_code=0 if after["free"] else 1)

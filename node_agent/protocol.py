@@ -54,7 +54,7 @@ def parse_line(text: str) -> "Optional[Dict[str, Any]]":
     """For the orchestrator: the JSON of an event/result line, or None for program output."""
     for prefix in (EVENT_PREFIX, RESULT_PREFIX):
         if text.startswith(prefix):
-            data = json.loads(text[len(prefix):])
+            data = json.loads(text[len(prefix):])  # type: Dict[str, Any]
             if prefix == RESULT_PREFIX:
                 data = {"event": "result", "result": data}
             return data

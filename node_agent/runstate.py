@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
 import socket
-import time
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional
+
+from node_agent.procfs import alive, proc_environ, read_stat
+from node_agent.terminate import terminate
 
 JOB_ENV = "DDPCTL_JOB_ID"
 NODE_RANK_ENV = "DDPCTL_NODE_RANK"
@@ -50,20 +50,6 @@ def iter_states(job: Optional[str] = None) -> Iterator[Dict[str, Any]]:
         yield data
 
 
-def proc_environ(pid: int) -> Dict[str, str]:
-    """A process's environment from /proc (empty when it is gone or not ours to read)."""
-    try:
-        raw = Path("/proc/%d/environ" % pid).read_bytes()
-    except OSError:
-        return {}
-    env = {}
-    for item in raw.split(b"\0"):
-        key, sep, value = item.partition(b"=")
-        if sep:
-            env[key.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
-    return env
-
-
 def proc_env_var(pid: int, name: str) -> Optional[str]:
     return proc_environ(pid).get(name)
 
@@ -73,19 +59,8 @@ def proc_job_id(pid: int) -> Optional[str]:
 
 
 def proc_start_ticks(pid: int) -> Optional[int]:
-    try:
-        stat = Path("/proc/%d/stat" % pid).read_text()
-    except OSError:
-        return None
-    return int(stat.rsplit(")", 1)[1].split()[19])
-
-
-def proc_cmdline(pid: int) -> List[str]:
-    try:
-        raw = Path("/proc/%d/cmdline" % pid).read_bytes()
-    except OSError:
-        return []
-    return [p.decode("utf-8", "replace") for p in raw.split(b"\0") if p]
+    stat = read_stat(pid)
+    return stat.start_ticks if stat else None
 
 
 def job_pids(job_id: str, node_rank: Optional[int] = None) -> List[int]:
@@ -112,51 +87,24 @@ def job_pids(job_id: str, node_rank: Optional[int] = None) -> List[int]:
     return sorted(found)
 
 
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    stat = Path("/proc/%d/stat" % pid)
-    try:
-        return stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def _signal_all(pgid: Optional[int], pids: List[int], sig: int) -> None:
-    if pgid:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pgid, sig)
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, sig)
+def job_is_supervised(job_id: str) -> bool:
+    """A ddpctl job whose supervisor on this host still runs it: live, not stale."""
+    for state in iter_states(job_id):
+        pid = state.get("supervisor_pid")
+        if state.get("status") == "running" and pid and alive(int(pid)):
+            return True
+    return False
 
 
 def end_job(job_id: str, pgid: Optional[int], grace: float,
             node_rank: Optional[int] = None) -> Dict[str, Any]:
-    """SIGTERM the job's process group and every process carrying its id; SIGKILL after grace."""
-    pids = job_pids(job_id, node_rank)
-    targets = {pid: proc_cmdline(pid) for pid in pids}
-    _signal_all(pgid, pids, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline:
-        if not [p for p in job_pids(job_id, node_rank) if alive(p)]:
-            break
-        time.sleep(0.1)
-    survivors = [p for p in job_pids(job_id, node_rank) if alive(p)]
-    if survivors:
-        _signal_all(pgid, survivors, signal.SIGKILL)
-        for p in survivors:
-            targets.setdefault(p, proc_cmdline(p))
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and [p for p in job_pids(job_id, node_rank) if alive(p)]:
-            time.sleep(0.05)
+    """SIGTERM the job's process group and every process carrying its id; SIGKILL after grace.
+    Processes are looked up by the job id again while waiting: one started meanwhile ends too."""
+    done = terminate(job_pids(job_id, node_rank), [pgid] if pgid else [], grace,
+                     members=lambda: job_pids(job_id, node_rank))
     return {
-        "terminated": sorted(targets),
-        "killed": sorted(survivors),
-        "commands": {str(p): " ".join(c)[:300] for p, c in targets.items()},
-        "left": [p for p in job_pids(job_id, node_rank) if alive(p)],
+        "terminated": done.terminated,
+        "killed": done.killed,
+        "commands": {str(p): " ".join(c)[:300] for p, c in done.commands.items()},
+        "left": done.left,
     }

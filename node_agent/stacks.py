@@ -10,7 +10,8 @@ import sys
 from pathlib import Path
 from typing import Any, BinaryIO, Dict, List, Optional
 
-from node_agent.runstate import iter_states, job_pids, proc_environ
+from node_agent.procfs import proc_environ
+from node_agent.runstate import iter_states, job_pids
 
 
 def find_py_spy(python: Optional[str]) -> Optional[str]:

@@ -13,7 +13,7 @@ app = typer.Typer(
     name="ddpctl",
     help="Diagnose, launch and clean up multi-node PyTorch DDP jobs over SSH.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,
     pretty_exceptions_enable=False,
 )
 

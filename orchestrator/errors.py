@@ -38,6 +38,10 @@ class HostError(Exception):
         return {"host": self.host, "kind": self.kind.value, "message": self.message, "fix": self.fix}
 
 
+class LaunchBlocked(Exception):
+    """The launch cannot start (a busy master port, ...); the message names the host and the fix."""
+
+
 @dataclass
 class HostsFailed(Exception):
     """Several hosts failed the same step; each error names its host and fix."""

@@ -13,9 +13,9 @@ from rich.console import Console
 from rich.markup import escape
 
 from inventory import ConfigError, Inventory, local_inventory
-from orchestrator.errors import HostError, HostsFailed
-from orchestrator.hosts import DEFAULT_PARALLEL, HostPool
-from orchestrator.ssh import SshOptions
+from orchestrator.errors import HostError, HostsFailed, LaunchBlocked
+from orchestrator.remote.pool import DEFAULT_PARALLEL, HostPool
+from orchestrator.remote.ssh import SshOptions
 
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 # Piped output (logs, CI) is not cut at 80 columns: tables of hosts x checks need room.
@@ -74,7 +74,7 @@ def print_host_error(exc: HostError) -> None:
 
 
 def handle_errors(func: F) -> F:
-    """Bad input -> exit 2, a host failure outside a report -> exit 1; never a traceback."""
+    """Bad input -> exit 2, a host failure or a blocked launch -> exit 1; never a traceback."""
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -90,6 +90,9 @@ def handle_errors(func: F) -> F:
             err_console.print(f"[bold red]error:[/] {escape(exc.step)} failed on {len(exc.errors)} host(s)")
             for err in exc.errors:
                 print_host_error(err)
+            raise typer.Exit(1) from None
+        except LaunchBlocked as exc:
+            err_console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
             raise typer.Exit(1) from None
         except KeyboardInterrupt:
             err_console.print("interrupted")

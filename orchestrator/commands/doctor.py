@@ -30,7 +30,9 @@ from orchestrator.doctor import CheckStatus, DoctorContext, Finding, Report, run
 from orchestrator.doctor.collective import BandwidthReport, bandwidth_report, job_for, smoke_findings
 from orchestrator.doctor.context import from_inventory, from_job
 from orchestrator.doctor.render import render, to_json
-from orchestrator.hosts import DEFAULT_PARALLEL, HostPool
+from orchestrator.launch.backends.base import Backend
+from orchestrator.launch.backends.ssh import SshBackend
+from orchestrator.remote.pool import DEFAULT_PARALLEL
 
 JobArg = Annotated[Path | None, typer.Argument(help="Job file (job.toml); its hosts, env and "
                                                "rendezvous are checked.", dir_okay=False)]
@@ -103,8 +105,8 @@ def doctor_command(
         report = run_doctor(ctx, pool, notice)
         bw = None
         if smoke or bandwidth:
-            bw = run_launch_checks(report, job_for(ctx, job), pool, notice, smoke, bandwidth, pairs, max_bytes,
-                                   runs_dir)
+            bw = run_launch_checks(report, job_for(ctx, job), SshBackend(pool), notice, smoke, bandwidth, pairs,
+                                   max_bytes, runs_dir)
     if json_out:
         typer.echo(to_json(report, strict))
     else:
@@ -114,7 +116,7 @@ def doctor_command(
     raise typer.Exit(report.exit_code(strict))
 
 
-def run_launch_checks(report: Report, job: Job, pool: HostPool, notice: Callable[[str], None], smoke: bool,
+def run_launch_checks(report: Report, job: Job, backend: Backend, notice: Callable[[str], None], smoke: bool,
                       bandwidth: bool, pairs: bool, max_bytes: str, runs_dir: Path) -> BandwidthReport | None:
     """After the other checks pass: the smoke test and/or the bandwidth table, as findings."""
     wanted = [c for c, on in (("smoke", smoke), ("bandwidth", bandwidth)) if on]
@@ -125,10 +127,10 @@ def run_launch_checks(report: Report, job: Job, pool: HostPool, notice: Callable
         return None
     if smoke:
         notice("running the gloo all_reduce smoke test through the launch path")
-        report.findings += smoke_findings(job, pool, runs_dir)
+        report.findings += smoke_findings(job, backend, runs_dir)
     if bandwidth and not report.count(CheckStatus.FAIL):
         notice("timing all_reduce across the hosts" + (" and each pair" if pairs else ""))
-        bw = bandwidth_report(job, pool, runs_dir, pairs, max_bytes)
+        bw = bandwidth_report(job, backend, runs_dir, pairs, max_bytes)
         report.findings += bw.findings
         report.bandwidth, report.pairs = bw.table, bw.pairs
         return bw

@@ -28,7 +28,8 @@ from orchestrator.commands.common import (
     print_host_error,
 )
 from orchestrator.errors import HostError
-from orchestrator.killport import PortOwner, PortReport, find_port_owners, free_port
+from orchestrator.hostops.killport import find_port_owners, free_port
+from orchestrator.remote.wire import PortOwner, PortReport
 
 PortArg = Annotated[int, typer.Argument(min=1, max=65535, help="The port to free (1-65535).", show_default=False)]
 

@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.table import Table
 from rich.text import Text
 
 from inventory import Inventory, load_job
-from node_agent.protocol import parse_line
-from orchestrator.agent import call_agent, start_agent
 from orchestrator.commands.common import (
     AcceptNewOpt,
     InventoryOpt,
@@ -28,6 +27,8 @@ from orchestrator.commands.common import (
     make_pool,
     print_host_error,
 )
+from orchestrator.errors import HostError
+from orchestrator.hostops.jobs import job_logs, running_jobs, stop_job
 
 JobArg = Annotated[str, typer.Argument(help="A job id (or name), or the job.toml it was started from.")]
 
@@ -41,7 +42,7 @@ def resolve_target(job: str, inventory_path: Path | None) -> tuple[str, Inventor
     return job, load_inventory_arg(inventory_path)
 
 
-def report_failures(failed: dict[str, Any]) -> None:
+def report_failures(failed: Mapping[str, HostError]) -> None:
     for err in failed.values():
         print_host_error(err)
 
@@ -59,16 +60,17 @@ def ps_command(
     """List ddpctl jobs running on each host: job id, node rank, pids, uptime, GPU memory."""
     inv = load_inventory_arg(inventory)
     with make_pool(ssh_config, known_hosts, accept_new_host_keys, parallel) as pool:
-        fan = pool.map(inv.hosts, lambda t: call_agent(t, "ps", {"job": job}).result["jobs"])
-    rows = [dict(j, host=h) for h in inv.names() if h in fan.succeeded for j in fan.succeeded[h]]
+        fan = running_jobs(pool, inv.hosts, job)
+    rows = [j for h in inv.names() if h in fan.succeeded for j in fan.succeeded[h]]
     if as_json:
-        console.print_json(json.dumps({"jobs": rows, "failed": {k: v.to_json() for k, v in fan.failed.items()}}))
+        console.print_json(json.dumps({"jobs": [r.to_json() for r in rows],
+                                       "failed": {k: v.to_json() for k, v in fan.failed.items()}}))
     else:
         table = Table("host", "job id", "node rank", "pids", "uptime", "GPU MiB", "detached")
         for r in rows:
-            gpu = "-" if r["gpu_memory_mib"] is None else str(r["gpu_memory_mib"])
-            table.add_row(r["host"], r["job_id"], str(r["node_rank"]), " ".join(map(str, r["pids"])),
-                          f"{r['uptime_s']:.0f}s", gpu, "yes" if r["detached"] else "no")
+            gpu = "-" if r.gpu_memory_mib is None else str(r.gpu_memory_mib)
+            table.add_row(r.host, r.job_id, str(r.node_rank), " ".join(map(str, r.pids)),
+                          f"{r.uptime_s:.0f}s", gpu, "yes" if r.detached else "no")
         console.print(table if rows else "no ddpctl jobs running")
         report_failures(fan.failed)
     raise typer.Exit(1 if fan.failed else 0)
@@ -88,20 +90,19 @@ def down_command(
     """Stop a job on every host, from any machine, and report what was killed."""
     target, inv = resolve_target(job, inventory)
     with make_pool(ssh_config, known_hosts, accept_new_host_keys, parallel) as pool:
-        fan = pool.map(inv.hosts, lambda t: call_agent(t, "down", {"job": target, "grace": grace},
-                                                        timeout=grace + 60).result["stopped"])
+        fan = stop_job(pool, inv.hosts, target, grace)
     if as_json:
-        console.print_json(json.dumps({"stopped": fan.succeeded,
+        console.print_json(json.dumps({"stopped": {h: [s.to_json() for s in v] for h, v in fan.succeeded.items()},
                                        "failed": {k: v.to_json() for k, v in fan.failed.items()}}))
     else:
         total = 0
         for host, stopped in fan.succeeded.items():
             for s in stopped:
-                total += len(s["terminated"])
-                forced = f", {len(s['killed'])} needed SIGKILL" if s["killed"] else ""
-                console.print(f"{host}: stopped {s['job_id']}: {len(s['terminated'])} process(es){forced}",
+                total += len(s.terminated)
+                forced = f", {len(s.killed)} needed SIGKILL" if s.killed else ""
+                console.print(f"{host}: stopped {s.job_id}: {len(s.terminated)} process(es){forced}",
                               markup=False)
-                for pid, cmd in s["commands"].items():
+                for pid, cmd in s.commands.items():
                     console.print(f"  pid {pid}: {cmd[:100]}", markup=False)
         if not total:
             console.print(f"no running process of {target} found on {len(fan.succeeded)} host(s)", markup=False)
@@ -122,24 +123,15 @@ def logs_command(
     """Replay (or follow) every host's output of a job, prefixed by host."""
     target, inv = resolve_target(job, inventory)
     lock = threading.Lock()
-    found: list[str] = []
 
-    def stream(transport: Any) -> None:
-        running = start_agent(transport, "logs", {"job": target, "follow": follow})
-        running.close_stdin()
-        for line in running.lines():
-            data = parse_line(line.text) if line.stream == "stdout" else None
-            if data is None:
-                with lock:
-                    console.print(Text(f"[{transport.host.name}] ", style="cyan") + Text(line.text),
-                                  highlight=False)
-            elif data["event"] == "result" and data["result"].get("found"):
-                found.append(transport.host.name)
-        running.wait()
+    def show(host: str, line: str) -> None:
+        with lock:
+            console.print(Text(f"[{host}] ", style="cyan") + Text(line), highlight=False)
 
     with make_pool(ssh_config, known_hosts, accept_new_host_keys, parallel) as pool:
-        fan = pool.map(inv.hosts, stream)
+        fan = job_logs(pool, inv.hosts, target, follow, show)
     report_failures(fan.failed)
+    found = [host for host, logs in fan.succeeded.items() if logs.found]
     if not found:
         err_console.print(f"no logs of {target} on any host", highlight=False, markup=False)
     raise typer.Exit(0 if found and not fan.failed else 1)

@@ -19,7 +19,7 @@ from orchestrator.commands.common import (
     make_pool,
 )
 from orchestrator.commands.lifecycle import JobArg, resolve_target
-from orchestrator.stacks import collect, report_json, report_text
+from orchestrator.hostops.stacks import collect, report_json, report_text
 
 
 @handle_errors

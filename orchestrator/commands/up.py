@@ -1,4 +1,4 @@
-"""`ddpctl up`: load the job, plan it, pre-flight every host, launch, render, exit code."""
+"""`ddpctl up`: flags -> one call into the launch core (plan, detach, or launch) -> rendering."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from rich.live import Live
 from rich.markup import escape
 from rich.text import Text
 
-from inventory import ConfigError, JobOverrides, NprocSpec, load_job, parse_env_assignment
+from inventory import ConfigError, Job, JobOverrides, NprocSpec, load_job, parse_env_assignment
 from orchestrator.commands.common import (
     AcceptNewOpt,
     ConnectTimeoutOpt,
@@ -23,16 +23,12 @@ from orchestrator.commands.common import (
     handle_errors,
     make_pool,
 )
-from orchestrator.launch import (
-    HostRun,
-    HostState,
-    Launch,
-    LaunchOptions,
-    RunResult,
-    launch_detached,
-)
-from orchestrator.plan import LaunchPlan, build_plan, mask_env, new_job_id
-from orchestrator.preflight import LaunchBlocked, gather, resolve_nprocs, settle_master_port
+from orchestrator.launch import core
+from orchestrator.launch.backends.ssh import SshBackend
+from orchestrator.launch.observer import plan_summary
+from orchestrator.launch.options import LaunchOptions, OnHang
+from orchestrator.launch.plan import LaunchPlan, mask_env
+from orchestrator.launch.result import HostRun, HostState, RunResult
 
 HOST_COLOURS = ["cyan", "magenta", "green", "yellow", "blue", "bright_red", "bright_cyan",
                 "bright_magenta", "bright_green", "bright_yellow"]
@@ -62,18 +58,21 @@ def parse_port(value: str | None) -> int | str | None:
                           key="--master-port", hint="e.g. --master-port 29521") from None
 
 
-class OnHang(str, enum.Enum):
+class OnHangChoice(str, enum.Enum):
     report = "report"
     stop = "stop"
+
+    def as_literal(self) -> OnHang:
+        return "stop" if self is OnHangChoice.stop else "report"
 
 
 class Printer:
     """Renders launch progress: host-prefixed lines, colour per host on a terminal, and there a
     live status line per host (connecting -> running -> exited code); plain lines otherwise."""
 
-    def __init__(self, plan: LaunchPlan) -> None:
-        self.colour = {hl.host.name: HOST_COLOURS[i % len(HOST_COLOURS)] for i, hl in enumerate(plan.hosts)}
-        self.width = max(len(hl.host.name) for hl in plan.hosts)
+    def __init__(self, job: Job) -> None:
+        self.colour = {h.name: HOST_COLOURS[i % len(HOST_COLOURS)] for i, h in enumerate(job.hosts)}
+        self.width = max(len(h.name) for h in job.hosts)
         self.states: dict[str, HostRun] = {}
         self.live: Live | None = None
 
@@ -118,6 +117,9 @@ class Printer:
     def on_notice(self, text: str) -> None:
         notice(text)
 
+    def on_plan(self, plan: LaunchPlan, run_dir: Path) -> None:
+        notice(plan_summary(plan, run_dir))
+
 
 def notice(text: str) -> None:
     err_console.print(Text(f"ddpctl: {text}", style="bold"))
@@ -145,11 +147,10 @@ def print_failure(result: RunResult) -> None:
         err_console.print(f"  {run.error}", markup=False)
     fe = run.first_error
     if fe:
-        local = fe.get("local_rank")
-        nproc = result.nprocs.get(run.host) if isinstance(local, int) else None
-        rank = f"rank {run.node_rank * nproc + local} (local rank {local})" if nproc else f"local rank {local}"
-        err_console.print(f"  {rank}: {fe.get('message')}", markup=False)
-        for line in str(fe.get("traceback") or "").rstrip().splitlines()[-12:]:
+        rank_no = result.global_rank(run, fe.local_rank)
+        rank = f"rank {rank_no} (local rank {fe.local_rank})" if rank_no is not None else f"local rank {fe.local_rank}"
+        err_console.print(f"  {rank}: {fe.message}", markup=False)
+        for line in fe.traceback.rstrip().splitlines()[-12:]:
             err_console.print(f"    {line}", markup=False)
     elif run.tail:
         err_console.print("  last lines:", markup=False)
@@ -159,14 +160,14 @@ def print_failure(result: RunResult) -> None:
 
 def print_nccl(result: RunResult) -> None:
     for run in result.hosts:
-        n = run.nccl or {}
-        if not n.get("files"):
+        n = run.nccl
+        if n is None or not n.files:
             err_console.print(f"{run.host}: NCCL wrote no debug log (gloo backend, or NCCL never started)",
                               markup=False)
             continue
-        err_console.print(f"{run.host}: NCCL network {', '.join(n['networks']) or '?'}; interfaces "
-                          f"{', '.join(n['interfaces'] or n['bootstrap']) or '?'}; transports "
-                          f"{', '.join(n['transports']) or '?'}", markup=False)
+        err_console.print(f"{run.host}: NCCL network {', '.join(n.networks) or '?'}; interfaces "
+                          f"{', '.join(n.interfaces or n.bootstrap) or '?'}; transports "
+                          f"{', '.join(n.transports) or '?'}", markup=False)
 
 
 @handle_errors
@@ -185,8 +186,8 @@ def up_command(
     hang_timeout: Annotated[float | None, typer.Option(
         "--hang-timeout", min=1, help="No output from any rank for this many seconds: dump all stacks.",
         rich_help_panel="Hangs")] = None,
-    on_hang: Annotated[OnHang, typer.Option("--on-hang", help="After the hang dump: report, or stop the job.",
-                                            rich_help_panel="Hangs")] = OnHang.report,
+    on_hang: Annotated[OnHangChoice, typer.Option("--on-hang", help="After the hang dump: report, or stop the job.",
+                                            rich_help_panel="Hangs")] = OnHangChoice.report,
     dump_on_interrupt: Annotated[bool, typer.Option(
         "--dump-on-interrupt", help="On Ctrl-C, dump every rank's stack before stopping.",
         rich_help_panel="Hangs")] = False,
@@ -205,41 +206,32 @@ def up_command(
         env=tuple(parse_env_assignment(e) for e in env or ()),
         hosts=(hosts,) if hosts else None)
     job = load_job(job_file, overrides)
-    job_id = new_job_id(job.name)
+    options = LaunchOptions(grace=grace, hang_timeout=hang_timeout, on_hang=on_hang.as_literal(),
+                            dump_on_interrupt=dump_on_interrupt, nccl_debug=nccl_debug, free_port=free_port,
+                            runs_dir=runs_dir)
+    printer = Printer(job)
     with make_pool(ssh_config, known_hosts, accept_new_host_keys, parallel, connect_timeout) as pool:
+        backend = SshBackend(pool)
         if dry_run:
-            nprocs = {h.name: (job.nproc_per_node if isinstance(job.nproc_per_node, int) else 0) for h in job.hosts}
-            port = job.rendezvous.master_port if isinstance(job.rendezvous.master_port, int) else 0
-            if not all(nprocs.values()) or not port:
-                facts = gather(job, pool)
-                nprocs = resolve_nprocs(job, facts)
-                port = port or facts[job.master_host.name].free_port or 0
-            print_dry_run(build_plan(job, job_id, nprocs, port))
+            print_dry_run(core.plan_job(job, backend, options))
             return
-        facts = gather(job, pool)
-        nprocs = resolve_nprocs(job, facts)
-        try:
-            port = settle_master_port(job, pool, facts, free_port, notice)
-        except LaunchBlocked as exc:
-            err_console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
-            raise typer.Exit(1) from None
-        plan = build_plan(job, job_id, nprocs, port)
-        run_dir = runs_dir / job_id
-        printer = Printer(plan)
-        printer.on_notice(f"job {job_id}: {len(plan.hosts)} host(s) × nproc {sorted(set(nprocs.values()))}, "
-                          f"world size {plan.world_size}, master {plan.master_addr}:{port}; logs in {run_dir}")
-        options = LaunchOptions(grace=grace, hang_timeout=hang_timeout, on_hang=on_hang.value,
-                                dump_on_interrupt=dump_on_interrupt, nccl_debug=nccl_debug)
         if detach:
-            out = launch_detached(plan, pool, run_dir, options, printer.on_notice)
-            printer.on_notice(f"detached: started on {len(out['started'])} host(s). "
-                              f"Follow: ddpctl logs {job_id} -f; stop: ddpctl down {job_id}")
-            raise typer.Exit(0 if not out["failed"] else 1)
+            print_detached(core.detach(job, backend, printer, options))
         with printer:
-            result = Launch(plan, pool, printer, run_dir, options).run()
+            result = core.launch(job, backend, printer, options)
     print_failure(result)
     if nccl_debug:
         print_nccl(result)
     verdict = "succeeded" if result.exit_code == 0 else f"failed (exit {result.exit_code})"
     err_console.print(f"ddpctl: job {result.job_id} {verdict}; logs: {result.run_dir}", highlight=False)
     raise typer.Exit(result.exit_code)
+
+
+def print_detached(out: core.Detached) -> None:
+    """Report a detached start and exit: 0 when every host started."""
+    for err in out.report.failed.values():
+        notice(f"{err.host}: {err.message}")
+    job_id = out.plan.job_id
+    notice(f"detached: started on {len(out.report.started)} host(s). "
+           f"Follow: ddpctl logs {job_id} -f; stop: ddpctl down {job_id}")
+    raise typer.Exit(0 if not out.report.failed else 1)

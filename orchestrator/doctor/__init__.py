@@ -11,12 +11,12 @@ from orchestrator.doctor.model import (
     CheckStatus,
     DoctorContext,
     Finding,
-    HostFacts,
     Observations,
     ProbeResults,
     Report,
 )
-from orchestrator.hosts import HostPool
+from orchestrator.remote.pool import HostPool
+from orchestrator.remote.wire import HostFacts
 
 __all__ = ["CheckStatus", "DoctorContext", "Finding", "HostFacts", "Report", "run_doctor"]
 

@@ -6,14 +6,13 @@ import statistics
 from dataclasses import dataclass, field, replace
 from itertools import combinations
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from inventory import Inventory, Job, Rendezvous
-from orchestrator.collective import SMOKE_LINE, CollectiveRun, bandwidth, smoke
 from orchestrator.doctor.model import CheckStatus, DoctorContext, Finding
-from orchestrator.errors import HostError, HostsFailed
-from orchestrator.hosts import HostPool
-from orchestrator.preflight import LaunchBlocked
+from orchestrator.errors import HostError, HostsFailed, LaunchBlocked
+from orchestrator.launch.backends.base import Backend
+from orchestrator.launch.collective import SMOKE_LINE, CollectiveRun, bandwidth, smoke
 
 MAX_PAIR_HOSTS = 8  # --pairs runs one job per pair: n(n-1)/2 of them
 SLOW_PAIR = 0.5  # a pair below this fraction of the median pair bandwidth is flagged
@@ -24,7 +23,7 @@ def job_for(ctx: DoctorContext, job: Job | None) -> Job:
     if job is not None:
         return job
     hosts = tuple(replace(h, workdir=ctx.workdirs.get(h.name, h.workdir)) for h in ctx.hosts)
-    port = ctx.master_port if ctx.master_port is not None else "auto"
+    port: int | Literal["auto"] = ctx.master_port if ctx.master_port is not None else "auto"
     return Job(name="doctor", inventory=Inventory(hosts), hosts=hosts, script="-",
                rendezvous=Rendezvous(None, port, "static"), env=dict(ctx.env))
 
@@ -44,9 +43,9 @@ def _launch_error(check: str, exc: Exception) -> Finding:
                    evidence=text, fix="fix the errors above first (ddpctl doctor), then retry")
 
 
-def smoke_findings(job: Job, pool: HostPool, runs_dir: Path) -> list[Finding]:
+def smoke_findings(job: Job, backend: Backend, runs_dir: Path) -> list[Finding]:
     try:
-        run = smoke(job, pool, runs_dir)
+        run = smoke(job, backend, runs_dir)
     except (HostError, HostsFailed, LaunchBlocked) as exc:
         return [_launch_error("smoke", exc)]
     oks = {int(m.group(1)) for _h, _r, t in run.output.lines if (m := SMOKE_LINE.search(t)) and m.group(3) == "True"}
@@ -74,10 +73,10 @@ def _peak(bw: dict[str, Any] | None) -> float | None:
     return float(bw["peak_busbw_gbps"]) if bw else None
 
 
-def bandwidth_report(job: Job, pool: HostPool, runs_dir: Path, pairs: bool, max_bytes: str) -> BandwidthReport:
+def bandwidth_report(job: Job, backend: Backend, runs_dir: Path, pairs: bool, max_bytes: str) -> BandwidthReport:
     out = BandwidthReport()
     try:
-        run, out.table = bandwidth(job, pool, runs_dir, max_bytes=max_bytes)
+        run, out.table = bandwidth(job, backend, runs_dir, max_bytes=max_bytes)
     except (HostError, HostsFailed, LaunchBlocked) as exc:
         out.findings.append(_launch_error("bandwidth", exc))
         return out
@@ -91,11 +90,11 @@ def bandwidth_report(job: Job, pool: HostPool, runs_dir: Path, pairs: bool, max_
                                 f"peak busbw {t['peak_busbw_gbps']:.3f} GB/s, "
                                 f"average {t['avg_busbw_gbps']:.3f} GB/s", evidence=f"logs: {run.result.run_dir}"))
     if pairs:
-        out.findings += _pair_findings(job, pool, runs_dir, max_bytes, out.pairs)
+        out.findings += _pair_findings(job, backend, runs_dir, max_bytes, out.pairs)
     return out
 
 
-def _pair_findings(job: Job, pool: HostPool, runs_dir: Path, max_bytes: str,
+def _pair_findings(job: Job, backend: Backend, runs_dir: Path, max_bytes: str,
                    pairs: dict[str, float]) -> list[Finding]:
     if len(job.hosts) > MAX_PAIR_HOSTS:
         return [Finding("bandwidth", CheckStatus.SKIP, None,
@@ -104,7 +103,7 @@ def _pair_findings(job: Job, pool: HostPool, runs_dir: Path, max_bytes: str,
     for a, b in combinations(job.hosts, 2):
         sub = replace(job, hosts=(a, b), rendezvous=replace(job.rendezvous, master_addr=None))
         try:
-            _run, bw = bandwidth(sub, pool, runs_dir, max_bytes=max_bytes)
+            _run, bw = bandwidth(sub, backend, runs_dir, max_bytes=max_bytes)
         except (HostError, HostsFailed, LaunchBlocked):
             bw = None
         pairs[f"{a.name}<->{b.name}"] = _peak(bw) or 0.0

@@ -13,12 +13,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from inventory import Host
-from node_agent.protocol import parse_line
-from orchestrator.agent import start_agent
-from orchestrator.doctor.model import DoctorContext, HostFacts, ProbeOutcome, ProbeResults
+from orchestrator.doctor.model import DoctorContext, ProbeOutcome, ProbeResults
 from orchestrator.errors import HostError, HostErrorKind
-from orchestrator.hosts import FanOut, HostPool
-from orchestrator.transport import RunningCommand, Transport
+from orchestrator.remote.agent import AgentEvent, AgentResult, AgentStream, agent_failed, start_agent
+from orchestrator.remote.pool import FanOut, HostPool
+from orchestrator.remote.transport import Transport
+from orchestrator.remote.wire import HostFacts
 
 ENV_PREFIXES = ("NCCL_", "GLOO_", "TORCH_", "MASTER_")
 
@@ -42,44 +42,44 @@ def facts_request(ctx: DoctorContext, host: Host, probe: bool) -> dict[str, Any]
     return request
 
 
+_EOF = AgentEvent("eof", {})
+
+
 @dataclass
 class Session:
-    """One host's running facts op: its events, in order, as they arrive."""
+    """One host's running facts op: its events and result, in order, as they arrive."""
 
     host: str
-    running: RunningCommand
-    events: queue.Queue[dict[str, Any]] = field(default_factory=queue.Queue)
-    other: list[str] = field(default_factory=list)  # non-protocol output, for error messages
+    running: AgentStream
+    events: queue.Queue[AgentEvent | AgentResult] = field(default_factory=queue.Queue)
 
     def pump(self) -> None:
         try:
-            for line in self.running.lines():
-                try:
-                    data = parse_line(line.text) if line.stream == "stdout" else None
-                except ValueError:
-                    data = None
-                if data is None:
-                    self.other.append(line.text)
-                else:
-                    self.events.put(data)
+            for message in self.running.messages():
+                if isinstance(message, (AgentEvent, AgentResult)):
+                    self.events.put(message)
         finally:
-            self.events.put({"event": "eof"})
+            self.events.put(_EOF)
 
-    def wait_for(self, name: str, deadline: float) -> dict[str, Any]:
-        """The next `name` event; an early result, EOF or the deadline is this host's error."""
+    def wait_for(self, name: str, deadline: float) -> AgentEvent | AgentResult:
+        """The next `name` event (name "result": the op's result); an early result, EOF or the
+        deadline is this host's error."""
         while True:
             try:
-                event = self.events.get(timeout=max(0.0, deadline - time.monotonic()))
+                message = self.events.get(timeout=max(0.0, deadline - time.monotonic()))
             except queue.Empty:
                 raise HostError(self.host, HostErrorKind.TIMEOUT,
                                 f"the node agent sent no {name} in time",
                                 "check the host's load, or raise --timeout") from None
-            if event.get("event") == name:
-                return event
-            if event.get("event") in ("result", "eof"):
-                err = (event.get("result") or {}).get("error") or {}
-                detail = f"{err.get('type')}: {err.get('message')}" if err else \
-                    "\n".join(self.other[-5:]) or "(no output)"
+            if isinstance(message, AgentResult):
+                if name == "result" and message.error is None:
+                    return message
+                if message.error is not None:
+                    raise agent_failed(self.host, message.error)
+            elif message.name == name:
+                return message
+            if isinstance(message, AgentResult) or message is _EOF:
+                detail = "\n".join(self.running.other[-5:]) or "(no output)"
                 raise HostError(self.host, HostErrorKind.AGENT,
                                 f"the node agent stopped before sending {name}: {detail}",
                                 "check that python3 (>= 3.8) runs on the host in a "
@@ -114,8 +114,7 @@ def open_sessions(pool: HostPool, ctx: DoctorContext, probe: bool) -> FanOut[Ope
             if probe:
                 listening = session.wait_for("listening", deadline)
                 ports = {int(p["requested"]): p.get("port") for p in listening.get("ports", [])}
-            event = session.wait_for("facts", deadline) if probe else \
-                session.wait_for("result", deadline)["result"]
+            event = session.wait_for("facts" if probe else "result", deadline)
         except HostError:
             session.running.abort()
             raise

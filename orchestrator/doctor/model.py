@@ -1,4 +1,5 @@
-"""Doctor's typed data: the context it checks, per-host facts, probe outcomes, findings, report."""
+"""Doctor's typed data: the context it checks, probe outcomes, findings, report (per-host facts are
+the facts op's typed reply, remote.wire.HostFacts)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 
 from inventory import Host
 from orchestrator.errors import HostError
+from orchestrator.remote.wire import HostFacts
 
 
 class CheckStatus(str, enum.Enum):
@@ -62,20 +64,6 @@ class DoctorContext:
     def host_env(self, host: Host, host_facts_env: Mapping[str, str]) -> dict[str, str]:
         """The env a launched process sees: host env < inventory env < job env."""
         return {**host_facts_env, **host.env, **self.env}
-
-
-@dataclass(frozen=True)
-class HostFacts:
-    """The facts op's answer for one host, with the round trip's timing."""
-
-    host: str
-    facts: Mapping[str, Any]
-    errors: Mapping[str, str]
-    sent_at: float  # orchestrator wall clock before the call
-    received_at: float  # ... and after it
-
-    def get(self, name: str, default: Any = None) -> Any:
-        return self.facts.get(name, default)
 
 
 @dataclass(frozen=True)

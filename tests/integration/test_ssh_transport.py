@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from inventory import Host
-from orchestrator.agent import call_agent
 from orchestrator.errors import HostError, HostErrorKind
-from orchestrator.hosts import HostPool
-from orchestrator.ssh import SshOptions
+from orchestrator.remote.agent import call_agent
+from orchestrator.remote.pool import HostPool
+from orchestrator.remote.ssh import SshOptions
 from tests.cluster import Cluster
 from tests.ddpctl_run import run_ddpctl
 

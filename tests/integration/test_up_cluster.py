@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.launch import LOST_AFTER
+from orchestrator.launch.supervise import LOST_AFTER
 from tests.cluster import Cluster
 from tests.ddpctl_run import ddpctl_argv, no_job_processes, only_summary, run_ddpctl, ssh_args, wait_for, write_job
 

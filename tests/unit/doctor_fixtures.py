@@ -7,8 +7,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from inventory import Host
-from orchestrator.doctor.model import DoctorContext, HostFacts, Observations, ProbeResults
+from orchestrator.doctor.model import DoctorContext, Observations, ProbeResults
 from orchestrator.errors import HostError
+from orchestrator.remote.wire import HostFacts
 
 HOSTS = tuple(Host(name=f"node{i}", address=f"198.18.0.{10 + i}") for i in range(3))
 NOW = 1_800_000_000.0

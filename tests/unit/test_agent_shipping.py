@@ -10,9 +10,9 @@ import pytest
 
 import node_agent
 from inventory import LOCALHOST
-from orchestrator.agent import agent_payload, call_agent, parse_reply
 from orchestrator.errors import HostError
-from orchestrator.transport import CommandResult, LocalTransport
+from orchestrator.remote.agent import agent_payload, call_agent, parse_reply
+from orchestrator.remote.transport import CommandResult, LocalTransport
 
 
 def find_python38() -> str | None:

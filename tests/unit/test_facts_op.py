@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import hashlib
+import json
+import os
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -14,9 +17,10 @@ import pytest
 
 from inventory import LOCALHOST
 from node_agent import facts
-from orchestrator.agent import call_agent, start_agent
 from orchestrator.doctor.gather import Session, close_all
-from orchestrator.transport import LocalTransport
+from orchestrator.remote.agent import AgentResult, call_agent, start_agent
+from orchestrator.remote.transport import LocalTransport
+from tests.unit.ports_listeners import listening
 
 
 def request(tmp_path: Path, **over: Any) -> dict[str, Any]:
@@ -105,7 +109,9 @@ def start_session(op: str, args: dict[str, Any]) -> Session:
 
 def final_result(session: Session) -> dict[str, Any]:
     close_all([session])
-    return session.wait_for("result", time.monotonic() + 10)["result"]
+    reply = session.wait_for("result", time.monotonic() + 10)
+    assert isinstance(reply, AgentResult)
+    return dict(reply.data)
 
 
 def closed_port() -> int:
@@ -157,3 +163,112 @@ def test_the_facts_session_listens_sends_facts_then_dials_on_command(tmp_path: P
     assert connected["results"][0]["ok"] is True
     assert result["probe"]["ports"][0]["peers"] == ["127.0.0.1"]
     assert result["facts"]["hostname"] == facts_event["facts"]["hostname"]
+
+
+LAUNCH_SELECT = ["cpu_count", "gpu_count", "python", "workdir", "master_port", "free_port"]
+TIMING = {"hostname", "elapsed_s", "time"}
+
+
+@pytest.mark.parametrize(("over", "expected"), [
+    ({"select": ["cpu_count", "workdir"]}, {"cpu_count", "workdir"}),
+    ({"select": []}, set()),
+    ({"select": ["hostname"]}, set()),
+    ({"select": LAUNCH_SELECT, "check_port": False}, {"cpu_count", "gpu_count", "python", "workdir"}),
+    ({"select": LAUNCH_SELECT, "pick_port": True}, {"cpu_count", "gpu_count", "python", "workdir", "master_port",
+                                                    "free_port"}),
+    ({"select": ["cpu_count"], "pick_port": True}, {"cpu_count"}),
+    ({"pick_port": True}, None),
+], ids=["two", "none", "hostname-only", "port-unchecked", "launch-auto-port", "pick-unselected", "doctor-set"])
+def test_select_runs_only_the_named_sub_facts_whose_inputs_are_given(
+        tmp_path: Path, over: dict[str, Any], expected: set[str] | None) -> None:
+    """hostname always comes; master_port needs check_port, free_port needs pick_port, selected or not."""
+    result = facts.gather(request(tmp_path, python="/nonexistent/python9", **over), sys.stdin.buffer)
+    got = set(result["facts"]) | set(result["errors"])
+    if expected is None:  # no select: doctor's whole set, with cpu_count and the picked port
+        assert {"torch", "interfaces", "firewall", "memlock", "cpu_count", "free_port", "master_port"} <= got
+        assert "gpu_count" not in got
+    else:
+        assert got == expected | TIMING
+
+
+def test_launch_facts_answer_in_the_shape_the_launch_reads(tmp_path: Path) -> None:
+    result = facts.gather(request(tmp_path, select=LAUNCH_SELECT, python=sys.executable, pick_port=True),
+                          sys.stdin.buffer)
+    got = result["facts"]
+    assert result["errors"] == {}
+    assert got["cpu_count"] == len(os.sched_getaffinity(0))
+    assert isinstance(got["gpu_count"], int) and got["gpu_count"] >= 0
+    assert got["python"]["found"] and got["workdir"]["exists"] is True
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", got["free_port"]))  # the picked port is free
+
+
+def test_an_unknown_selected_fact_is_an_error_not_a_crash(tmp_path: Path) -> None:
+    result = facts.gather(request(tmp_path, select=["cpu_cnt", "workdir"]), sys.stdin.buffer)
+    assert result["errors"] == {"cpu_cnt": "unknown fact"}
+    assert result["facts"]["workdir"]["exists"] is True
+
+
+def test_a_select_that_is_not_a_list_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="select must be a list"):
+        facts.gather(request(tmp_path, select="cpu_count"), sys.stdin.buffer)
+
+
+def write_state(root: Path, job_id: str, status: str, supervisor_pid: int) -> None:
+    path = root / "runs" / job_id / "node0"
+    path.mkdir(parents=True)
+    (path / "state.json").write_text(json.dumps({"job_id": job_id, "hostname": socket.gethostname(),
+                                                 "status": status, "supervisor_pid": supervisor_pid}))
+
+
+@pytest.mark.parametrize(("status", "supervisor", "live"), [
+    ("running", "me", True),
+    ("exited", "me", False),
+    ("running", "gone", False),
+    (None, "me", False),
+], ids=["supervised", "exited", "supervisor-gone", "no-state"])
+def test_a_master_port_owner_is_job_live_only_while_its_supervisor_runs_the_job(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, status: str | None, supervisor: str, live: bool) -> None:
+    monkeypatch.setenv("DDPCTL_STATE_ROOT", str(tmp_path / "state"))
+    monkeypatch.setenv("DDPCTL_JOB_ID", "job-live-1")  # the listener inherits it
+    if status is not None:
+        write_state(tmp_path / "state", "job-live-1", status, os.getpid() if supervisor == "me" else dead_pid())
+    with listening() as ln:
+        result = facts.gather(request(tmp_path, select=["master_port"], master_port=ln.port), sys.stdin.buffer)
+    fact = result["facts"]["master_port"]
+    assert fact["bindable"] is False
+    assert [(o["pid"], o["ddpctl_job_id"], o["job_live"]) for o in fact["owners"]] == [
+        (ln.proc.pid, "job-live-1", live)]
+
+
+def test_an_owner_outside_any_job_is_never_job_live(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("DDPCTL_JOB_ID", raising=False)
+    with listening() as ln:
+        result = facts.gather(request(tmp_path, select=["master_port"], master_port=ln.port), sys.stdin.buffer)
+    assert [o["job_live"] for o in result["facts"]["master_port"]["owners"]] == [False]
+
+
+def dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait(timeout=30)
+    return proc.pid
+
+
+@pytest.mark.parametrize(("nvidia_smi", "expected"), [
+    ("GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-a)\nGPU 1: NVIDIA H100 80GB HBM3 (UUID: GPU-b)\n", 2),
+    (RuntimeError("nvidia-smi -L exited 9: NVIDIA-SMI has failed because it couldn't communicate with the driver"), 0),
+    (FileNotFoundError("nvidia-smi: command not found"), 0),
+], ids=["two", "driver-broken", "no-nvidia-smi"])
+def test_gpu_count_without_the_driver_directory_asks_nvidia_smi(
+        monkeypatch: pytest.MonkeyPatch, nvidia_smi: str | Exception, expected: int) -> None:
+    if Path("/proc/driver/nvidia/gpus").is_dir():
+        pytest.skip("this host's driver lists its GPUs: nvidia-smi is not asked")
+
+    def fake_run(argv: list[str], timeout: float = 0.0) -> str:
+        assert argv == ["nvidia-smi", "-L"]
+        if isinstance(nvidia_smi, Exception):
+            raise nvidia_smi
+        return nvidia_smi
+
+    monkeypatch.setattr(facts, "run", fake_run)
+    assert facts.fact_gpu_count({}) == expected

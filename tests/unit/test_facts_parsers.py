@@ -178,6 +178,19 @@ def test_parse_nvidia_apps(output: str, expected: list[dict[str, Any]]) -> None:
     assert factparse.parse_nvidia_apps(output) == expected
 
 
+@pytest.mark.parametrize(("output", "expected"), [
+    ("GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-5a1c6e8f-0b2d-4c3e-9f41-2d7a8b6c9e01)\n"
+     "GPU 1: NVIDIA H100 80GB HBM3 (UUID: GPU-7e2f4a10-3c5b-4d6e-8a92-1b3c5d7e9f02)\n", 2),
+    ("GPU 0: NVIDIA A100-SXM4-40GB (UUID: GPU-0d1e2f3a-4b5c-6d7e-8f90-a1b2c3d4e5f6)\n"
+     "  MIG 3g.20gb     Device  0: (UUID: MIG-11111111-2222-3333-4444-555555555555)\n"
+     "  MIG 3g.20gb     Device  1: (UUID: MIG-66666666-7777-8888-9999-000000000000)\n", 1),
+    ("No devices were found\n", 0),
+    ("", 0),
+], ids=["two-gpus", "mig-instances-are-not-gpus", "no-devices", "empty"])
+def test_count_nvidia_list(output: str, expected: int) -> None:
+    assert factparse.count_nvidia_list(output) == expected
+
+
 @pytest.mark.parametrize(("code", "stdout", "stderr", "expected"), [
     (0, 'warning: x\n@@TORCH@@{"importable": true, "version": "2.13.0+cpu", "cuda": null}\n', "",
      {"importable": True, "version": "2.13.0+cpu", "cuda": None}),

@@ -15,7 +15,7 @@ from node_agent.runstate import alive
 from orchestrator.cli import app
 from orchestrator.commands import kill_port
 from orchestrator.commands.common import make_pool
-from orchestrator.killport import free_port
+from orchestrator.hostops.killport import free_port
 from tests.unit.ports_listeners import (
     NOBODY,
     SYSTEM_PYTHON,

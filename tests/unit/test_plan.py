@@ -7,9 +7,10 @@ from pathlib import Path
 import pytest
 
 from inventory import ConfigError, Host, Inventory, Job, Rendezvous
-from orchestrator.launch import split_rank
-from orchestrator.plan import build_plan, mask_env
-from orchestrator.preflight import HostFacts, resolve_nprocs
+from orchestrator.launch.plan import build_plan, mask_env
+from orchestrator.launch.preflight import resolve_nprocs
+from orchestrator.launch.supervise import split_rank
+from orchestrator.remote.wire import HostFacts
 
 A = Host(name="a", address="198.18.0.1", python="/opt/py/bin/python")
 B = Host(name="b", address="198.18.0.2", python="python3")
@@ -26,8 +27,9 @@ def make_job(hosts: tuple[Host, ...] = (A, B), backend: str = "static", module: 
 
 
 def facts(name: str, gpus: int = 0, cpus: int = 8) -> HostFacts:
-    return HostFacts(host=name, hostname=name, cpu_count=cpus, gpu_count=gpus, python_found=True,
-                     cwd_exists=True, port=None, free_port=None)
+    return HostFacts(host=name, facts={"hostname": name, "cpu_count": cpus, "gpu_count": gpus,
+                                       "python": {"found": "/usr/bin/python3"}, "workdir": {"exists": True}},
+                     errors={})
 
 
 def test_static_argv_carries_node_rank_and_master() -> None:

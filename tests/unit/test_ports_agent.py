@@ -15,8 +15,8 @@ import pytest
 from inventory import Host
 from node_agent import ports
 from node_agent.runstate import alive
-from orchestrator.agent import call_agent
-from orchestrator.transport import LocalTransport
+from orchestrator.remote.agent import call_agent
+from orchestrator.remote.transport import LocalTransport
 from tests.unit.ports_listeners import (
     LISTENER,
     NOBODY,

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from node_agent.ports import CLK_TCK, _addr, is_torchrun, parse_proc_net, refusal, unseen_sockets
-from orchestrator.killport import parse_report
+from orchestrator.remote.wire import parse_report
 
 HEADER = ("  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n")
 TCP = HEADER + (

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.stacks import Frame, RankStack, collapse, format_ranges, parse_host, report_text
+from orchestrator.hostops.stacks import Frame, RankStack, collapse, format_ranges, parse_host, report_text
 
 SITE = "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py"
 ALL_REDUCE = (Frame("all_reduce", SITE, "torch/distributed/distributed_c10d.py", 3252),
@@ -53,7 +53,7 @@ def test_parse_host_takes_the_main_thread() -> None:
 
 
 def test_report_text_names_files_and_lines() -> None:
-    from orchestrator.stacks import StacksReport
+    from orchestrator.hostops.stacks import StacksReport
 
     report = StacksReport("job", collapse([RankStack("n0", 0, 0, 1, ALL_REDUCE)]), {"n1": "py-spy missing"})
     text = "\n".join(report_text(report))

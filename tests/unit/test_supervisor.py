@@ -16,10 +16,9 @@ from typing import Any
 import pytest
 
 from inventory import LOCALHOST
-from node_agent.protocol import parse_line
 from node_agent.runstate import alive
-from orchestrator.agent import start_agent
-from orchestrator.transport import LocalTransport, RunningCommand
+from orchestrator.remote.agent import AgentResult, AgentStream, start_agent
+from orchestrator.remote.transport import LocalTransport, OutputLine
 
 # A stand-in for torchrun: ignores its argv, starts a grandchild in a NEW session (so the process
 # group kill alone cannot reach it), records both pids, then runs until told otherwise.
@@ -40,7 +39,7 @@ time.sleep(300)
 
 @dataclass
 class Supervised:
-    running: RunningCommand
+    running: AgentStream
     pidfile: Path
     state_root: Path
     job_id: str
@@ -58,12 +57,11 @@ class Supervised:
         assert code is not None, f"supervise op still running after {timeout}s"
         result: dict[str, Any] = {}
         output = []
-        for line in self.running.lines():
-            data = parse_line(line.text) if line.stream == "stdout" else None
-            if data is None:
-                output.append(line.text)
-            elif data["event"] == "result":
-                result = data["result"]
+        for message in self.running.messages():
+            if isinstance(message, OutputLine):
+                output.append(message.text)
+            elif isinstance(message, AgentResult):
+                result = dict(message.data)
         return code, result, output
 
 

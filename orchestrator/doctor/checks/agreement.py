@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from orchestrator.doctor.checks.base import fail, majority, ok, torch_of, warn
 from orchestrator.doctor.model import Finding, Observations
 
@@ -41,7 +43,7 @@ def check_versions(obs: Observations) -> list[Finding]:
     return out
 
 
-def _disk(host: str, wd: dict) -> list[Finding]:
+def _disk(host: str, wd: dict[str, Any]) -> list[Finding]:
     free = wd.get("free_bytes")
     if free is None:
         return []

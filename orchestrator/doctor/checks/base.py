@@ -6,7 +6,8 @@ from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import Any, TypeVar
 
-from orchestrator.doctor.model import CheckStatus, Finding, HostFacts, Observations
+from orchestrator.doctor.model import CheckStatus, Finding, Observations
+from orchestrator.remote.wire import HostFacts
 
 K = TypeVar("K", bound=Hashable)
 

@@ -6,7 +6,8 @@ import statistics
 from dataclasses import dataclass
 
 from orchestrator.doctor.checks.base import ok, warn
-from orchestrator.doctor.model import Finding, HostFacts, Observations
+from orchestrator.doctor.model import Finding, Observations
+from orchestrator.remote.wire import HostFacts
 
 CHECK = "clock"
 MAX_SKEW_S = 2.0

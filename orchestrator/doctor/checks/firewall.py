@@ -7,7 +7,8 @@ from collections import defaultdict
 from typing import Any
 
 from orchestrator.doctor.checks.base import fail, info, listing, ok, skip, warn
-from orchestrator.doctor.model import Finding, HostFacts, Observations, ProbeOutcome
+from orchestrator.doctor.model import Finding, Observations, ProbeOutcome
+from orchestrator.remote.wire import HostFacts
 
 CHECK = "firewall"
 

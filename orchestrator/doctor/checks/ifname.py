@@ -7,7 +7,8 @@ from typing import Any
 
 from node_agent.ifname import is_suspicious, match_nccl, nccl_auto_pick, nccl_value_is_used, parse_gloo_ifname
 from orchestrator.doctor.checks.base import fail, info, listing, ok, warn
-from orchestrator.doctor.model import Finding, HostFacts, Observations
+from orchestrator.doctor.model import Finding, Observations
+from orchestrator.remote.wire import HostFacts
 
 CHECK = "ifname"
 

@@ -6,7 +6,8 @@ import ipaddress
 from collections import defaultdict
 
 from orchestrator.doctor.checks.base import fail, majority, ok, warn
-from orchestrator.doctor.model import Finding, HostFacts, Observations
+from orchestrator.doctor.model import Finding, Observations
+from orchestrator.remote.wire import HostFacts
 
 CHECK = "dns"
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from orchestrator.doctor.checks.base import fail, info, listing, ok, torch_of, warn
-from orchestrator.doctor.model import Finding, HostFacts, Observations
+from orchestrator.doctor.model import Finding, Observations
+from orchestrator.remote.wire import HostFacts
 
 PYTHON = "python"
 GPU = "gpu"

@@ -10,8 +10,8 @@ from typing import Generic, TypeVar
 
 from inventory import Host
 from orchestrator.errors import HostError, HostErrorKind
-from orchestrator.ssh import SshOptions, SshTransport
-from orchestrator.transport import LocalTransport, Transport
+from orchestrator.remote.ssh import SshOptions, SshTransport
+from orchestrator.remote.transport import LocalTransport, Transport
 
 T = TypeVar("T")
 

@@ -1,4 +1,6 @@
-"""Pure launch planning: job ids, node ranks, the exact torchrun argv per host, masked env."""
+"""Pure launch planning: job ids, node ranks, the exact torchrun argv per host, masked env.
+
+The dry run prints exactly this plan; backends turn it into running processes."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from inventory import Host, Job
+from orchestrator.launch.inline import InlineProgram
 
 SECRET_PATTERN = re.compile(r"TOKEN|KEY|PASSWORD|PASSWD|SECRET|CREDENTIAL", re.IGNORECASE)
 MASK = "***"
@@ -62,13 +65,16 @@ class LaunchPlan:
         return sum(h.nproc for h in self.hosts)
 
 
-def program_argv(job: Job) -> list[str]:
-    """The script (or module, after torchrun's --module flag) and the job's own arguments."""
+def program_argv(job: Job, host: Host, inline: InlineProgram | None = None) -> list[str]:
+    """The script (or module, after torchrun's --module flag) and the job's own arguments; or an
+    inline program's full argv (torchrun runs it with --no-python)."""
+    if inline is not None:
+        return list(inline.argv(host.python))
     return [job.module or job.script or "", *job.args]
 
 
 def launcher_argv(job: Job, host: Host, node_rank: int, nproc: int, master_addr: str,
-                  master_port: int, job_id: str) -> list[str]:
+                  master_port: int, job_id: str, inline: bool = False) -> list[str]:
     argv = [host.python, "-m", "torch.distributed.run", "--nnodes", str(len(job.hosts)),
             "--nproc-per-node", str(nproc)]
     if job.rendezvous.backend == "c10d":
@@ -78,7 +84,9 @@ def launcher_argv(job: Job, host: Host, node_rank: int, nproc: int, master_addr:
         argv += ["--node-rank", str(node_rank), "--master-addr", master_addr,
                  "--master-port", str(master_port)]
     argv += ["--max-restarts", "0", "--tee", "3"]
-    if job.module:
+    if inline:
+        argv.append("--no-python")
+    elif job.module:
         argv.append("--module")
     return argv
 
@@ -93,16 +101,19 @@ def host_env(job: Job, host: Host, job_id: str) -> dict[str, str]:
     return env
 
 
-def build_plan(job: Job, job_id: str, nprocs: Mapping[str, int], master_port: int) -> LaunchPlan:
-    """One HostLaunch per selected host, in node-rank order. `nprocs` is resolved per host."""
+def build_plan(job: Job, job_id: str, nprocs: Mapping[str, int], master_port: int,
+               inline: InlineProgram | None = None) -> LaunchPlan:
+    """One HostLaunch per selected host, in node-rank order. `nprocs` is resolved per host;
+    `inline` replaces the job's script with a program shipped on the command line."""
     master_addr = "127.0.0.1" if all(h.is_local for h in job.hosts) else job.master_address
     launches = []
     for rank, host in enumerate(job.hosts):
         nproc = nprocs[host.name]
         launches.append(HostLaunch(
             host=host, node_rank=rank, nproc=nproc,
-            launcher=tuple(launcher_argv(job, host, rank, nproc, master_addr, master_port, job_id)),
-            program=tuple(program_argv(job)), env=host_env(job, host, job_id),
+            launcher=tuple(launcher_argv(job, host, rank, nproc, master_addr, master_port, job_id,
+                                         inline=inline is not None)),
+            program=tuple(program_argv(job, host, inline)), env=host_env(job, host, job_id),
             cwd=job.workdir_for(host),
         ))
     return LaunchPlan(job=job, job_id=job_id, master_addr=master_addr, master_port=master_port,

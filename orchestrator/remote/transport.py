@@ -1,10 +1,14 @@
-"""One command-running contract (run / start) with a local implementation; SSH lives in ssh.py."""
+"""One command-running contract (run / start) with a local implementation; SSH lives in ssh.py.
+
+Both implementations share one timeout rule: a command that runs past its deadline raises
+`HostError(TIMEOUT)` naming the host and the command, never a made-up exit code."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import queue
+import shlex
 import subprocess
 import threading
 import time
@@ -13,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from inventory import Host
+from orchestrator.errors import HostError, HostErrorKind
 
 
 @dataclass(frozen=True)
@@ -61,6 +66,13 @@ class Transport(Protocol):
     def start(self, argv: Sequence[str], *, stdin: bytes | None = None) -> RunningCommand: ...
 
     def close(self) -> None: ...
+
+
+def timed_out(host: str, argv: Sequence[str], timeout: float | None) -> HostError:
+    """The one error for a command that ran past its deadline, on any transport."""
+    return HostError(host, HostErrorKind.TIMEOUT,
+                     f"command did not finish within {timeout or 0:.0f}s: {shlex.join(argv)[:200]}",
+                     "check the host's load, or raise the timeout")
 
 
 _EOF = object()
@@ -148,8 +160,8 @@ class LocalTransport:
                 capture_output=True, timeout=timeout, check=False,
             )
             code, out, err = proc.returncode, proc.stdout, proc.stderr
-        except subprocess.TimeoutExpired as exc:
-            code, out, err = 124, exc.stdout or b"", (exc.stderr or b"") + b"\n(timed out)"
+        except subprocess.TimeoutExpired:
+            raise timed_out(self.host.name, argv, timeout) from None
         except FileNotFoundError as exc:
             code, out, err = 127, b"", str(exc).encode()
         return CommandResult(

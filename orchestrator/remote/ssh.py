@@ -18,7 +18,7 @@ from paramiko.ssh_exception import NoValidConnectionsError
 
 from inventory import Host
 from orchestrator.errors import HostError, HostErrorKind
-from orchestrator.transport import CommandResult, LineQueue, OutputLine, RunningCommand
+from orchestrator.remote.transport import CommandResult, LineQueue, OutputLine, RunningCommand, timed_out
 
 
 @dataclass(frozen=True)
@@ -206,6 +206,7 @@ class SshTransport:
         except Exception as exc:
             raise HostError(self.host.name, HostErrorKind.LOST,
                             f"SSH connection to {self.host.address} failed: {exc!r}") from None
+        assert isinstance(chan, paramiko.Channel)
         return chan
 
     def start(self, argv: Sequence[str], *, stdin: bytes | None = None) -> RunningCommand:
@@ -229,9 +230,7 @@ class SshTransport:
         code = running.wait(timeout)
         if code is None:
             running.abort()
-            raise HostError(self.host.name, HostErrorKind.TIMEOUT,
-                            f"command did not finish within {timeout:.0f}s: {shlex.join(argv)[:200]}",
-                            "check the host's load, or raise the timeout")
+            raise timed_out(self.host.name, argv, timeout)
         reader.join(5)
         return CommandResult(self.host.name, tuple(argv), code, "\n".join(out) + ("\n" if out else ""),
                              "\n".join(err) + ("\n" if err else ""), time.monotonic() - started)

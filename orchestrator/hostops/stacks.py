@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from inventory import Host
-from orchestrator.agent import call_agent
-from orchestrator.hosts import FanOut, HostPool
+from orchestrator.remote.agent import call_agent
+from orchestrator.remote.pool import FanOut, HostPool
 
 LIBRARY_MARKERS = ("site-packages", "dist-packages", "/lib/python", "<frozen")
 
@@ -94,7 +94,7 @@ def main_thread(threads: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return list(threads[0].get("frames") or []) if threads else []
 
 
-def parse_host(host: str, result: dict[str, Any]) -> list[RankStack]:
+def parse_host(host: str, result: Mapping[str, Any]) -> list[RankStack]:
     stacks = []
     for w in result.get("ranks", []):
         frames = tuple(Frame(str(f.get("name")), str(f.get("file")), str(f.get("short_file") or f.get("file")),
@@ -116,7 +116,7 @@ def collapse(stacks: Iterable[RankStack]) -> list[StackGroup]:
 
 
 def collect(pool: HostPool, hosts: Sequence[Host], job: str) -> StacksReport:
-    fan: FanOut[dict[str, Any]] = pool.map(
+    fan: FanOut[Mapping[str, Any]] = pool.map(
         hosts, lambda t: call_agent(t, "stacks", {"job": job, "python": t.host.python}, timeout=90).result)
     report = StacksReport(job)
     all_stacks: list[RankStack] = []

@@ -1,0 +1,98 @@
+"""One process as /proc shows it: its stat line (parsed here and nowhere else), argv, environment, liveness."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, Iterator, List, Optional
+
+# Fields after the comm's closing ")" (proc(5) numbers them from 3): 0 is state, 19 starttime.
+_STATE, _PPID, _PGRP, _STARTTIME = 0, 1, 2, 19
+
+
+@dataclass(frozen=True)
+class ProcStat:
+    """The fields of /proc/<pid>/stat that ddpctl uses."""
+
+    pid: int
+    comm: str
+    state: str  # R, S, D, Z, T, ...
+    ppid: int
+    pgrp: int
+    start_ticks: int  # clock ticks after boot; with the pid, it names one process across pid reuse
+
+
+def parse_stat(line: str) -> ProcStat:
+    """One /proc/<pid>/stat line. comm may hold spaces and parentheses, so it ends at the LAST ")"."""
+    head, paren, tail = line.rpartition(")")
+    pid, open_paren, comm = head.partition(" (")
+    fields = tail.split()
+    if not paren or not open_paren or len(fields) <= _STARTTIME:
+        raise ValueError("not a /proc/<pid>/stat line: %r" % line[:120])
+    return ProcStat(pid=int(pid), comm=comm, state=fields[_STATE], ppid=int(fields[_PPID]),
+                    pgrp=int(fields[_PGRP]), start_ticks=int(fields[_STARTTIME]))
+
+
+def read_stat(pid: int) -> Optional[ProcStat]:
+    """The process's stat, or None when it is gone (or its line cannot be read)."""
+    try:
+        raw = Path("/proc/%d/stat" % pid).read_bytes()
+    except OSError:
+        return None
+    try:
+        return parse_stat(raw.decode("utf-8", "replace"))
+    except ValueError:
+        return None
+
+
+def iter_stats() -> Iterator[ProcStat]:
+    """The stat of every process this agent can see."""
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            stat = read_stat(int(entry.name))
+            if stat is not None:
+                yield stat
+
+
+def process_groups() -> Dict[int, List[int]]:
+    """pgid -> member pids."""
+    groups: Dict[int, List[int]] = {}
+    for stat in iter_stats():
+        groups.setdefault(stat.pgrp, []).append(stat.pid)
+    return groups
+
+
+def proc_cmdline(pid: int) -> List[str]:
+    """A process's argv (empty when it is gone, a zombie or not ours to read)."""
+    try:
+        raw = Path("/proc/%d/cmdline" % pid).read_bytes()
+    except OSError:
+        return []
+    return [p.decode("utf-8", "replace") for p in raw.split(b"\0") if p]
+
+
+def proc_environ(pid: int) -> Dict[str, str]:
+    """A process's environment from /proc (empty when it is gone or not ours to read)."""
+    try:
+        raw = Path("/proc/%d/environ" % pid).read_bytes()
+    except OSError:
+        return {}
+    env = {}
+    for item in raw.split(b"\0"):
+        key, sep, value = item.partition(b"=")
+        if sep:
+            env[key.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
+    return env
+
+
+def alive(pid: int) -> bool:
+    """The process exists and is not a zombie (one of another user counts as alive)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    stat = read_stat(pid)
+    return stat is not None and stat.state != "Z"

@@ -1,0 +1,128 @@
+"""The torch sub-fact: torch / CUDA / NCCL versions and devices, read by the inventory's interpreter
+(which may not be the agent's) and cached on the host under an exact key."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from typing import Any, Dict, Optional
+
+from node_agent import factparse
+
+TORCH_TIMEOUT_S = 90.0
+
+# Runs under the inventory's interpreter (which may not be the agent's); constant, no user data.
+# argv[1] is a cache directory ("" for none): importing torch costs seconds, so its facts are
+# kept under a key of everything they depend on (interpreter, torch files, driver, visible GPUs).
+CACHE_KEY_SRC = r"""
+import glob, hashlib, importlib.util, json, os, platform, sys, time
+def key():
+    parts = [sys.executable, platform.python_version(), os.environ.get("CUDA_VISIBLE_DEVICES", "")]
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.origin:
+        return None
+    root = os.path.dirname(spec.origin)
+    for path in [spec.origin, os.path.join(root, "version.py")] + glob.glob(root + "/_C*.so"):
+        st = os.stat(path)
+        parts.append("%s:%d:%d" % (path, st.st_mtime_ns, st.st_size))
+    try:
+        with open("/proc/driver/nvidia/version") as f:
+            parts.append(f.read())
+    except OSError:
+        pass
+    parts += sorted(glob.glob("/dev/nvidia[0-9]*"))
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
+def cached(cache_dir):
+    try:
+        k = key() if cache_dir else None
+    except Exception:
+        k = None
+    path = os.path.join(cache_dir, "torch-facts-%s.json" % k) if k else None
+    if path and os.path.exists(path) and time.time() - os.path.getmtime(path) < 86400:
+        with open(path) as f:
+            d = json.load(f)
+        d["cached"] = True
+        return path, d
+    return path, None
+"""
+TORCH_SNIPPET = CACHE_KEY_SRC + r"""
+cache_dir = sys.argv[1] if len(sys.argv) > 1 else ""
+path, d = cached(cache_dir)
+if d is not None:
+    print("@@TORCH@@" + json.dumps(d))
+    sys.exit(0)
+d = {"python": platform.python_version(), "executable": sys.executable}
+try:
+    import torch
+except Exception as e:
+    d["importable"] = False
+    d["error"] = "%s: %s" % (type(e).__name__, e)
+    print("@@TORCH@@" + json.dumps(d))
+    sys.exit(0)
+d["importable"] = True
+d["version"] = torch.__version__
+d["cuda"] = torch.version.cuda
+try:
+    d["nccl"] = ".".join(str(x) for x in torch.cuda.nccl.version())
+except Exception:
+    d["nccl"] = None
+try:
+    d["cuda_available"] = torch.cuda.is_available()
+    n = torch.cuda.device_count()
+    d["device_count"] = n
+    d["devices"] = []
+    for i in range(n if d["cuda_available"] else 0):
+        p = torch.cuda.get_device_properties(i)
+        d["devices"].append({"name": p.name, "memory_mib": p.total_memory // 1048576})
+except Exception as e:
+    d["cuda_error"] = "%s: %s" % (type(e).__name__, e)
+try:
+    import torch.distributed as dist
+    d["nccl_backend"] = dist.is_nccl_available()
+    d["gloo_backend"] = dist.is_gloo_available()
+except Exception:
+    pass
+print("@@TORCH@@" + json.dumps(d))
+if path and "cuda_error" not in d:
+    try:
+        os.makedirs(cache_dir, exist_ok=True)
+        tmp = "%s.%d" % (path, os.getpid())
+        with open(tmp, "w") as f:
+            json.dump(d, f)
+        os.replace(tmp, path)
+    except OSError:
+        pass
+"""
+
+
+def cache_dir(req: Dict[str, Any]) -> str:
+    """Where torch facts are cached on this host ("" when the request says not to)."""
+    if req.get("no_cache"):
+        return ""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "ddpctl")
+
+
+def cached_in_process(python: str, cache: str) -> Optional[Dict[str, Any]]:
+    """When the agent runs under the inventory's interpreter, read the cache without a child."""
+    if not cache or os.path.realpath(python) != os.path.realpath(sys.executable):
+        return None
+    namespace: Dict[str, Any] = {}
+    exec(compile(CACHE_KEY_SRC, "ddpctl-torch-cache", "exec"), namespace)
+    found: Optional[Dict[str, Any]] = namespace["cached"](cache)[1]
+    return found
+
+
+def fact_torch(req: Dict[str, Any]) -> Dict[str, Any]:
+    python = shutil.which(str(req.get("python") or "python3"))
+    if python is None:
+        raise FileNotFoundError("interpreter %s not found" % req.get("python"))
+    hit = cached_in_process(python, cache_dir(req))
+    if hit is not None:
+        return hit
+    proc = subprocess.run([python, "-c", TORCH_SNIPPET, cache_dir(req)], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, universal_newlines=True,
+                          timeout=TORCH_TIMEOUT_S, check=False)
+    return factparse.parse_torch_output(proc.returncode, proc.stdout, proc.stderr)

@@ -1,0 +1,82 @@
+"""The Python entry point: `up(job, **overrides) -> RunResult` and `plan(...)`, for notebooks and
+sweep scripts. The same launch core as `ddpctl up`; bad input raises the same located
+`ConfigError` the CLI prints, a host failure a `HostError` / `HostsFailed`, a busy master port
+`LaunchBlocked`.
+
+    from orchestrator import up
+    result = up("train_jobs/toy/job.toml", nproc_per_node=2, env={"LR": "0.1"})
+    assert result.ok, result.first_failure
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+from inventory import ConfigError, Job, JobOverrides, NprocSpec, apply_overrides, load_job
+from orchestrator.launch import core
+from orchestrator.launch.backends.ssh import SshBackend
+from orchestrator.launch.observer import Observer, Plain
+from orchestrator.launch.options import LaunchOptions, OnHang
+from orchestrator.launch.plan import LaunchPlan
+from orchestrator.launch.result import RunResult
+from orchestrator.remote.pool import DEFAULT_PARALLEL, HostPool
+from orchestrator.remote.ssh import SshOptions
+
+JobSpec = Job | str | Path
+
+
+def load(job: JobSpec, *, nproc_per_node: NprocSpec | None = None, master_port: int | str | None = None,
+         env: Mapping[str, str] | None = None, hosts: Sequence[str] | None = None) -> Job:
+    """The job (a job.toml path or a Job) with the overrides applied and validated, as the CLI's
+    --nproc-per-node / --master-port / -e / --hosts would."""
+    if master_port is not None and master_port != "auto" and not isinstance(master_port, int):
+        raise ConfigError(f"master_port must be a port number or \"auto\", got {master_port!r}",
+                          key="master_port", hint="e.g. master_port=29521")
+    overrides = JobOverrides(nproc_per_node=nproc_per_node, master_port=master_port,  # type: ignore[arg-type]
+                             env=tuple((env or {}).items()), hosts=tuple(hosts) if hosts is not None else None)
+    if isinstance(job, Job):
+        return apply_overrides(job, overrides)
+    return load_job(Path(job), overrides)
+
+
+@contextmanager
+def _backend(ssh_config: str | Path | None, known_hosts: Sequence[str | Path], accept_new_host_keys: bool,
+             parallel: int, connect_timeout: float) -> Iterator[SshBackend]:
+    options = SshOptions(ssh_config=Path(ssh_config) if ssh_config is not None else None,
+                         known_hosts=tuple(Path(p) for p in known_hosts),
+                         accept_new_host_keys=accept_new_host_keys, connect_timeout=connect_timeout)
+    if options.ssh_config is not None and not options.ssh_config.is_file():
+        raise ConfigError(f"SSH config file {options.ssh_config} does not exist", key="ssh_config")
+    with HostPool(options, max_parallel=parallel) as pool:
+        yield SshBackend(pool)
+
+
+def up(job: JobSpec, *, nproc_per_node: NprocSpec | None = None, master_port: int | str | None = None,
+       env: Mapping[str, str] | None = None, hosts: Sequence[str] | None = None,
+       observer: Observer | None = None, runs_dir: str | Path = "runs", grace: float = 10.0,
+       hang_timeout: float | None = None, on_hang: OnHang = "report", free_port: bool = False,
+       nccl_debug: bool = False, ssh_config: str | Path | None = None, known_hosts: Sequence[str | Path] = (),
+       accept_new_host_keys: bool = False, parallel: int = DEFAULT_PARALLEL,
+       connect_timeout: float = 10.0) -> RunResult:
+    """Run the job on its hosts to the end and return its RunResult (exit code, per-host state,
+    the first failure with its traceback). Output goes to `observer` (default: printed as
+    `[host:rank] line`); `launch.observer.Collected` keeps it instead."""
+    spec = load(job, nproc_per_node=nproc_per_node, master_port=master_port, env=env, hosts=hosts)
+    options = LaunchOptions(grace=grace, hang_timeout=hang_timeout, on_hang=on_hang, nccl_debug=nccl_debug,
+                            free_port=free_port, runs_dir=Path(runs_dir))
+    with _backend(ssh_config, known_hosts, accept_new_host_keys, parallel, connect_timeout) as backend:
+        return core.launch(spec, backend, observer or Plain(), options)
+
+
+def plan(job: JobSpec, *, nproc_per_node: NprocSpec | None = None, master_port: int | str | None = None,
+         env: Mapping[str, str] | None = None, hosts: Sequence[str] | None = None,
+         ssh_config: str | Path | None = None, known_hosts: Sequence[str | Path] = (),
+         accept_new_host_keys: bool = False, parallel: int = DEFAULT_PARALLEL,
+         connect_timeout: float = 10.0) -> LaunchPlan:
+    """What `up` would run on each host (the dry run): argv, env, workdir, node rank. Contacts the
+    hosts only when the job needs them (nproc "gpu"/"cpu"/"auto", master_port "auto")."""
+    spec = load(job, nproc_per_node=nproc_per_node, master_port=master_port, env=env, hosts=hosts)
+    with _backend(ssh_config, known_hosts, accept_new_host_keys, parallel, connect_timeout) as backend:
+        return core.plan_job(spec, backend)

@@ -1,0 +1,1 @@
+"""Backends turn a launch plan into running processes and back into events (see base.py)."""

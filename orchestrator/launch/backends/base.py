@@ -1,0 +1,64 @@
+"""The backend seam: what turns a plan into running processes and back into events.
+
+The SSH backend runs one supervised torchrun per host over its own connection; a batch backend
+(Slurm) submits one job and streams its output. The contract assumes neither: a backend resolves
+what the plan needs, starts every node, reports `BackendEvent`s for each node from any thread
+until every node has `Exited` or is `Lost`, and stops nodes when asked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from inventory import Job
+from orchestrator.errors import HostError
+from orchestrator.hostops.stacks import StacksReport
+from orchestrator.launch.events import BackendEvent
+from orchestrator.launch.options import LaunchOptions
+from orchestrator.launch.plan import LaunchPlan
+
+Emit = Callable[[BackendEvent], None]
+Notice = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """What the plan needs from the hosts: processes per node and the master port."""
+
+    nprocs: dict[str, int]
+    master_port: int
+
+
+@dataclass
+class DetachReport:
+    """Nodes started as daemons, and the ones that could not be started."""
+
+    started: dict[str, int | None] = field(default_factory=dict)  # host -> its supervisor's pid
+    failed: dict[str, HostError] = field(default_factory=dict)
+
+
+class Backend(Protocol):
+    name: str
+
+    def resolve(self, job: Job, options: LaunchOptions, notice: Notice, settle: bool) -> Resolved:
+        """nproc per node and the master port. `settle` False (dry run): look, never change a host."""
+
+    def start(self, plan: LaunchPlan, options: LaunchOptions, emit: Emit) -> None:
+        """Start every node of the plan and return at once; events follow through `emit`."""
+
+    def stop(self, hosts: Sequence[str], force: bool) -> None:
+        """Ask these nodes to stop: gracefully (SIGTERM, then SIGKILL after the grace), or now."""
+
+    def drop(self, host: str) -> None:
+        """Give up on a node (lost): close what connects us to it; it ends its part on its own."""
+
+    def close(self) -> None:
+        """The job is over: stop background work (heartbeats, pollers)."""
+
+    def detach(self, plan: LaunchPlan, options: LaunchOptions) -> DetachReport:
+        """Start every node to run on without us; `ddpctl ps/logs/down` take over."""
+
+    def stacks(self, plan: LaunchPlan) -> StacksReport:
+        """Every rank's Python stack (for hangs and --dump-on-interrupt)."""

@@ -1,0 +1,149 @@
+"""The SSH backend: one supervised torchrun per host, each over its host's reused connection
+(this machine's hosts over the local transport), heartbeats on every control channel."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from inventory import Job
+from orchestrator.errors import HostError
+from orchestrator.hostops.stacks import StacksReport, collect
+from orchestrator.launch.backends.base import DetachReport, Emit, Notice, Resolved
+from orchestrator.launch.events import Alive, Exited, Lost, Output, Problem, Reported, Started
+from orchestrator.launch.options import LaunchOptions
+from orchestrator.launch.plan import HostLaunch, LaunchPlan
+from orchestrator.launch.preflight import gather, resolve_nprocs, settle_master_port
+from orchestrator.remote.agent import AgentEvent, AgentResult, AgentStream, call_agent, start_agent
+from orchestrator.remote.pool import HostPool
+from orchestrator.remote.transport import OutputLine, Transport
+from orchestrator.remote.wire import parse_detached, parse_supervise
+
+HEARTBEAT_EVERY = 2.0
+LOST_AFTER = 15.0  # the supervisor ends its job after this long without a heartbeat
+
+
+def supervise_request(plan: LaunchPlan, launch: HostLaunch, options: LaunchOptions,
+                      detach: bool) -> dict[str, Any]:
+    return {"job_id": plan.job_id, "job_name": plan.job.name, "node_rank": launch.node_rank,
+            "launcher": list(launch.launcher), "program": list(launch.program),
+            "env": dict(launch.env), "cwd": launch.cwd, "grace": options.grace,
+            "heartbeat_timeout": 0 if detach else LOST_AFTER, "detach": detach,
+            "nccl_debug": options.nccl_debug}
+
+
+class SshBackend:
+    """Runs a plan over a HostPool: the pre-launch facts round trip, then one agent per host."""
+
+    name = "ssh"
+
+    def __init__(self, pool: HostPool) -> None:
+        self.pool = pool
+        self.streams: dict[str, AgentStream] = {}
+        self.stopping: dict[str, bytes] = {}  # host -> the stop word it has been (or will be) sent
+        self.lock = threading.Lock()
+        self.closed = threading.Event()
+
+    # -- before launch ----------------------------------------------------------------------
+    def resolve(self, job: Job, options: LaunchOptions, notice: Notice, settle: bool) -> Resolved:
+        port = job.rendezvous.master_port
+        if not settle and isinstance(job.nproc_per_node, int) and isinstance(port, int):
+            return Resolved({h.name: job.nproc_per_node for h in job.hosts}, port)  # a dry run needs no host
+        facts = gather(job, self.pool)
+        nprocs = resolve_nprocs(job, facts)
+        if settle:
+            return Resolved(nprocs, settle_master_port(job, self.pool, facts, options.free_port, notice))
+        master = facts[job.master_host.name]
+        return Resolved(nprocs, port if isinstance(port, int) else master.free_port or 0)
+
+    # -- running ----------------------------------------------------------------------------
+    def start(self, plan: LaunchPlan, options: LaunchOptions, emit: Emit) -> None:
+        for launch in plan.hosts:
+            threading.Thread(target=self._run_host, args=(plan, launch, options, emit), daemon=True).start()
+        threading.Thread(target=self._heartbeats, daemon=True).start()
+
+    def _run_host(self, plan: LaunchPlan, launch: HostLaunch, options: LaunchOptions, emit: Emit) -> None:
+        name = launch.host.name
+        try:
+            stream = start_agent(self.pool.transport(launch.host), "supervise",
+                                 supervise_request(plan, launch, options, detach=False))
+        except HostError as exc:
+            emit(Lost(name, exc.message + (f" (fix: {exc.fix})" if exc.fix else "")))
+            return
+        with self.lock:
+            self.streams[name] = stream
+            word = self.stopping.get(name)
+        if word is not None:  # stopped while it was connecting
+            self._send(name, stream, word)
+        for message in stream.messages():
+            if isinstance(message, OutputLine):
+                emit(Output(name, message.text))
+            elif isinstance(message, AgentResult):
+                emit(Reported(name, parse_supervise(message.data)))
+            else:
+                emit(self._event(name, message))
+        emit(Exited(name, stream.wait(5.0)))
+
+    @staticmethod
+    def _event(name: str, event: AgentEvent) -> Started | Problem | Alive:
+        if event.name == "started":
+            return Started(name, event.get("log"))
+        if event.name == "error":
+            return Problem(name, str(event.get("message")))
+        return Alive(name)  # heartbeat, or an event this version does not know: the host is there
+
+    def _heartbeats(self) -> None:
+        while not self.closed.wait(HEARTBEAT_EVERY):
+            with self.lock:
+                streams = list(self.streams.values())
+            for stream in streams:  # stopping nodes too: their grace period must not look like a loss
+                with contextlib.suppress(Exception):  # a dead channel shows up as silence: lost
+                    stream.send(b"HEARTBEAT\n")
+
+    def _send(self, name: str, stream: AgentStream, word: bytes) -> None:
+        try:
+            stream.send(word)
+        except Exception:
+            stream.abort()
+
+    def stop(self, hosts: Sequence[str], force: bool) -> None:
+        word = b"KILL\n" if force else b"STOP\n"
+        with self.lock:
+            for name in hosts:
+                self.stopping[name] = word
+            streams = [(n, self.streams[n]) for n in hosts if n in self.streams]
+        for name, stream in streams:
+            self._send(name, stream, word)
+
+    def drop(self, host: str) -> None:
+        with self.lock:
+            stream = self.streams.get(host)
+        if stream is not None:
+            stream.abort()  # its supervisor ends the job when the heartbeats stop
+
+    def close(self) -> None:
+        self.closed.set()
+
+    # -- detached and diagnostics -----------------------------------------------------------
+    def detach(self, plan: LaunchPlan, options: LaunchOptions) -> DetachReport:
+        by_name = {hl.host.name: hl for hl in plan.hosts}
+
+        def one(transport: Transport) -> int | None:
+            hl = by_name[transport.host.name]
+            reply = call_agent(transport, "supervise", supervise_request(plan, hl, options, detach=True))
+            return parse_detached(transport.host.name, reply.result).pid
+
+        fan = self.pool.map([h.host for h in plan.hosts], one)
+        report = DetachReport(dict(fan.succeeded), dict(fan.failed))
+        run_dir = options.runs_dir / plan.job_id
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "detached.json").write_text(json.dumps(
+            {"job_id": plan.job_id, "started": report.started,
+             "failed": {k: v.to_json() for k, v in report.failed.items()}}, indent=2, default=str))
+        return report
+
+    def stacks(self, plan: LaunchPlan) -> StacksReport:
+        return collect(self.pool, [hl.host for hl in plan.hosts], plan.job_id)

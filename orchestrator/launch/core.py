@@ -1,0 +1,61 @@
+"""The launch pipeline's one home: plan a job, resolve it on the hosts through a backend, start
+it, supervise it, return its RunResult. `ddpctl up`, doctor's collective jobs and the Python API
+all come through here; progress goes to an Observer, never to print."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from inventory import Job
+from orchestrator.launch.backends.base import Backend, DetachReport
+from orchestrator.launch.inline import InlineProgram
+from orchestrator.launch.observer import Observer
+from orchestrator.launch.options import LaunchOptions
+from orchestrator.launch.plan import LaunchPlan, build_plan, new_job_id
+from orchestrator.launch.result import RunResult
+from orchestrator.launch.supervise import Supervision
+
+
+def _quiet(_text: str) -> None:
+    return None
+
+
+def plan_job(job: Job, backend: Backend, options: LaunchOptions | None = None, *, settle: bool = False,
+             inline: InlineProgram | None = None, observer: Observer | None = None) -> LaunchPlan:
+    """The exact per-host commands. settle=False (the dry run) only looks at the hosts, and only
+    when the job needs them (nproc "gpu"/"cpu"/"auto", master_port "auto"); settle=True also
+    frees a stale master port, as a launch does."""
+    options = options or LaunchOptions()
+    notice = observer.on_notice if observer is not None else _quiet
+    resolved = backend.resolve(job, options, notice, settle)
+    return build_plan(job, new_job_id(job.name), resolved.nprocs, resolved.master_port, inline)
+
+
+def run_plan(plan: LaunchPlan, backend: Backend, observer: Observer,
+             options: LaunchOptions | None = None) -> RunResult:
+    """Start a settled plan and supervise it to the end (fail fast, no orphans)."""
+    options = options or LaunchOptions()
+    return Supervision(plan, backend, observer, options.runs_dir / plan.job_id, options).run()
+
+
+def launch(job: Job, backend: Backend, observer: Observer, options: LaunchOptions | None = None, *,
+           inline: InlineProgram | None = None) -> RunResult:
+    """Pre-launch round trip, plan, start, supervise: the whole of `ddpctl up`."""
+    options = options or LaunchOptions()
+    plan = plan_job(job, backend, options, settle=True, inline=inline, observer=observer)
+    observer.on_plan(plan, options.runs_dir / plan.job_id)
+    return run_plan(plan, backend, observer, options)
+
+
+@dataclass(frozen=True)
+class Detached:
+    plan: LaunchPlan
+    report: DetachReport
+
+
+def detach(job: Job, backend: Backend, observer: Observer, options: LaunchOptions | None = None) -> Detached:
+    """Plan and start the job to run on without us; `ddpctl ps/logs/down` take over."""
+    options = options or LaunchOptions()
+    plan = plan_job(job, backend, options, settle=True, observer=observer)
+    observer.on_plan(plan, options.runs_dir / plan.job_id)
+    return Detached(plan, backend.detach(plan, options))

@@ -1,0 +1,65 @@
+"""What a backend reports about the nodes it runs: typed events, each naming its host (node)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from orchestrator.remote.wire import SuperviseResult
+
+
+@dataclass(frozen=True)
+class Started:
+    """The node's torchrun is running."""
+
+    host: str
+    log: str | None = None  # where the node keeps its own copy of the output
+
+
+@dataclass(frozen=True)
+class Output:
+    """One line the node's torchrun (or its ranks, prefixed `[role<local rank>]:`) printed."""
+
+    host: str
+    text: str
+
+
+@dataclass(frozen=True)
+class Alive:
+    """A heartbeat: the node is there even if its ranks print nothing."""
+
+    host: str
+
+
+@dataclass(frozen=True)
+class Problem:
+    """The node could not start or run its part, in the node's words (e.g. a missing workdir)."""
+
+    host: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Reported:
+    """The node's closing report: why it stopped, the first rank error, NCCL's choices."""
+
+    host: str
+    result: SuperviseResult
+
+
+@dataclass(frozen=True)
+class Exited:
+    """The node's part ended; exit_code None: it ended without an exit status."""
+
+    host: str
+    exit_code: int | None
+
+
+@dataclass(frozen=True)
+class Lost:
+    """The backend lost the node (connection failed, dropped, or never opened)."""
+
+    host: str
+    reason: str
+
+
+BackendEvent = Started | Output | Alive | Problem | Reported | Exited | Lost

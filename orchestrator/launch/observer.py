@@ -1,0 +1,69 @@
+"""How the launch core reports progress: an observer the caller passes in, never prints."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from orchestrator.launch.plan import LaunchPlan
+from orchestrator.launch.result import HostRun
+
+
+class Observer(Protocol):
+    def on_plan(self, plan: LaunchPlan, run_dir: Path) -> None:
+        """The plan is settled (nproc and port resolved, stale port freed); the job starts now."""
+
+    def on_line(self, host: str, rank: str | None, text: str) -> None:
+        """One line of a rank's (rank None: torchrun's own) output."""
+
+    def on_state(self, run: HostRun) -> None:
+        """A host changed state (connecting, running, stopping, exited, failed, lost)."""
+
+    def on_notice(self, text: str) -> None:
+        """Something the user should know (a port freed, a failure, a stop)."""
+
+
+@dataclass
+class Collected:
+    """An observer that keeps everything instead of printing it (collective jobs, tests)."""
+
+    lines: list[tuple[str, str | None, str]] = field(default_factory=list)
+    notices: list[str] = field(default_factory=list)
+    states: list[tuple[str, str]] = field(default_factory=list)
+    plan: LaunchPlan | None = None
+
+    def on_plan(self, plan: LaunchPlan, run_dir: Path) -> None:
+        self.plan = plan
+
+    def on_line(self, host: str, rank: str | None, text: str) -> None:
+        self.lines.append((host, rank, text))
+
+    def on_state(self, run: HostRun) -> None:
+        self.states.append((run.host, run.state.value))
+
+    def on_notice(self, text: str) -> None:
+        self.notices.append(text)
+
+
+class Plain:
+    """An observer that prints `[host:rank] line` and notices to stdout (the Python API's default)."""
+
+    def on_plan(self, plan: LaunchPlan, run_dir: Path) -> None:
+        print(f"ddpctl: {plan_summary(plan, run_dir)}", flush=True)
+
+    def on_line(self, host: str, rank: str | None, text: str) -> None:
+        print(f"[{host}:{rank}] {text}" if rank is not None else f"[{host}] {text}", flush=True)
+
+    def on_state(self, run: HostRun) -> None:
+        if run.state.value in ("failed", "lost"):
+            print(f"ddpctl: {run.host} {run.state.value}" + (f": {run.error}" if run.error else ""), flush=True)
+
+    def on_notice(self, text: str) -> None:
+        print(f"ddpctl: {text}", flush=True)
+
+
+def plan_summary(plan: LaunchPlan, run_dir: Path) -> str:
+    nprocs = sorted({hl.nproc for hl in plan.hosts})
+    return (f"job {plan.job_id}: {len(plan.hosts)} host(s) × nproc {nprocs}, world size {plan.world_size}, "
+            f"master {plan.master_addr}:{plan.master_port}; logs in {run_dir}")

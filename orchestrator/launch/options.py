@@ -1,0 +1,21 @@
+"""How a job is launched and supervised: the knobs `ddpctl up` flags and the Python API share."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+OnHang = Literal["report", "stop"]
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    grace: float = 10.0  # seconds between SIGTERM and SIGKILL
+    hang_timeout: float | None = None  # no output from any rank for this long: a hang
+    on_hang: OnHang = "report"  # "report": dump stacks and go on; "stop": dump, then stop the job
+    dump_on_interrupt: bool = False  # Ctrl-C dumps every rank's stack before stopping
+    nccl_debug: bool = False  # NCCL_DEBUG=INFO with a per-host NCCL_DEBUG_FILE, parsed after
+    dump_stacks_on_hang: bool = True
+    free_port: bool = False  # kill a non-ddpctl holder of the master port (--free-port)
+    runs_dir: Path = Path("runs")  # run logs and summary.json go to runs_dir/<job id>/

@@ -1,0 +1,80 @@
+"""The outcome of a launch: per host its state, exit code, first failure and duration; summary.json."""
+
+from __future__ import annotations
+
+import enum
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from orchestrator.launch.plan import LaunchPlan, mask_env
+from orchestrator.remote.wire import NcclChoice, RankError
+
+
+class HostState(str, enum.Enum):
+    CONNECTING = "connecting"
+    RUNNING = "running"
+    STOPPING = "stopping"
+    EXITED = "exited"
+    FAILED = "failed"  # exited non-zero
+    LOST = "lost"  # connection failed or went silent
+
+
+@dataclass
+class HostRun:
+    host: str
+    node_rank: int
+    command: str
+    state: HostState = HostState.CONNECTING
+    exit_code: int | None = None
+    started_at: float | None = None
+    ended_at: float | None = None
+    error: str | None = None
+    stop_reason: str | None = None
+    first_error: RankError | None = None  # the earliest rank error file on this host
+    remote_log: str | None = None
+    nccl: NcclChoice | None = None  # what NCCL chose, with --nccl-debug
+    tail: list[str] = field(default_factory=list)
+
+    @property
+    def done(self) -> bool:
+        return self.state in (HostState.EXITED, HostState.FAILED, HostState.LOST)
+
+    @property
+    def duration_s(self) -> float | None:
+        return self.ended_at - self.started_at if self.ended_at and self.started_at else None
+
+
+@dataclass
+class RunResult:
+    job_id: str
+    run_dir: Path
+    hosts: list[HostRun]
+    exit_code: int
+    first_failure: HostRun | None
+    interrupted: bool = False
+    nprocs: dict[str, int] = field(default_factory=dict)
+    hung: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+    def global_rank(self, run: HostRun, local_rank: int | str | None) -> int | None:
+        nproc = self.nprocs.get(run.host)
+        return run.node_rank * nproc + local_rank if nproc and isinstance(local_rank, int) else None
+
+
+def write_summary(plan: LaunchPlan, result: RunResult) -> Path:
+    path = result.run_dir / "summary.json"
+    data = {
+        "job_id": plan.job_id, "job": plan.job.name, "exit_code": result.exit_code,
+        "interrupted": result.interrupted, "master": f"{plan.master_addr}:{plan.master_port}",
+        "world_size": plan.world_size,
+        "first_failure": result.first_failure.host if result.first_failure else None,
+        "hosts": [dict(asdict(r), state=r.state.value, duration_s=r.duration_s,
+                       env=mask_env(plan.hosts[r.node_rank].env), tail=r.tail[-10:])
+                  for r in result.hosts],
+    }
+    path.write_text(json.dumps(data, indent=2, default=str))
+    return path

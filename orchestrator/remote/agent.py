@@ -1,0 +1,200 @@
+"""Ships node_agent to a host over the channel's stdin, runs one op there, and decodes its output.
+
+This is the one reader of the agent's stdout in the control plane: `decode` turns each line into
+an `AgentEvent`, the op's `AgentResult`, or plain program output; `call_agent` (one round trip)
+and `AgentStream` (a long op with a control channel) are built on it."""
+
+from __future__ import annotations
+
+import functools
+import json
+import zlib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import node_agent
+from node_agent.protocol import parse_line
+from orchestrator.errors import HostError, HostErrorKind
+from orchestrator.remote.transport import CommandResult, OutputLine, RunningCommand, Transport
+
+# Runs on the host under `python -c`. It is a constant, never built from user data: it reads a
+# length line and the zlib'd JSON of node_agent's sources from stdin, imports them from memory,
+# then hands the rest of stdin (request line, control channel) to node_agent.__main__.
+BOOTSTRAP = """\
+import sys, json, zlib, importlib.abc, importlib.util
+b = sys.stdin.buffer
+srcs = json.loads(zlib.decompress(b.read(int(b.readline()))).decode())
+class F(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def find_spec(self, name, path=None, target=None):
+        if name in srcs:
+            return importlib.util.spec_from_loader(name, self, is_package=srcs[name][0])
+    def create_module(self, spec):
+        return None
+    def exec_module(self, m):
+        pkg, src = srcs[m.__name__]
+        if pkg:
+            m.__path__ = []
+        exec(compile(src, "ddpctl-agent/" + m.__name__.replace(".", "/") + ".py", "exec"), m.__dict__)
+sys.meta_path.insert(0, F())
+import node_agent.__main__ as a
+sys.exit(a.main())
+"""
+
+# Picks the inventory's interpreter when it exists, else python3, so a host whose configured
+# interpreter is missing still answers (and doctor can say so). "$1"/"$2" are argv, not code.
+LAUNCHER = 'P="$1"; command -v "$P" >/dev/null 2>&1 || P=python3; exec "$P" -c "$2"'
+
+
+@functools.cache
+def agent_payload() -> bytes:
+    """The length-prefixed, compressed sources of the node_agent package."""
+    root = Path(node_agent.__file__).parent
+    sources: dict[str, tuple[bool, str]] = {}
+    for path in sorted(root.glob("*.py")):
+        name = "node_agent" if path.stem == "__init__" else f"node_agent.{path.stem}"
+        sources[name] = (path.stem == "__init__", path.read_text())
+    blob = zlib.compress(json.dumps(sources).encode(), 6)
+    return str(len(blob)).encode() + b"\n" + blob
+
+
+def agent_argv(python: str) -> list[str]:
+    return ["sh", "-c", LAUNCHER, "ddpctl-agent", python, BOOTSTRAP]
+
+
+def request_bytes(op: str, args: Mapping[str, Any]) -> bytes:
+    return agent_payload() + json.dumps({"op": op, **args}).encode() + b"\n"
+
+
+@dataclass(frozen=True)
+class AgentEvent:
+    """One event line of an op (`started`, `heartbeat`, `listening`, `facts`, ...)."""
+
+    name: str
+    fields: Mapping[str, Any]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.fields.get(key, default)
+
+    def __getitem__(self, key: str) -> Any:
+        return self.fields[key]
+
+
+@dataclass(frozen=True)
+class AgentResult:
+    """The op's one result line."""
+
+    data: Mapping[str, Any]
+
+    @property
+    def error(self) -> Mapping[str, Any] | None:
+        err = self.data.get("error")
+        return err if isinstance(err, Mapping) else None
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.data.get(key, default)
+
+    def __getitem__(self, key: str) -> Any:
+        return self.data[key]
+
+
+Message = AgentEvent | AgentResult | OutputLine
+
+
+def decode(line: OutputLine) -> Message:
+    """An agent event, the op's result, or (anything else, stderr included) program output."""
+    if line.stream != "stdout":
+        return line
+    try:
+        data = parse_line(line.text)
+    except ValueError:
+        return line
+    if data is None:
+        return line
+    if data["event"] == "result":
+        return AgentResult(data["result"])
+    return AgentEvent(str(data["event"]), data)
+
+
+def agent_failed(host: str, error: Mapping[str, Any]) -> HostError:
+    return HostError(host, HostErrorKind.AGENT,
+                     f"the node agent failed: {error.get('type')}: {error.get('message')}",
+                     "this is a ddpctl bug; the agent traceback is in --json output")
+
+
+def no_result(host: str, detail: str) -> HostError:
+    return HostError(host, HostErrorKind.AGENT, f"the node agent gave no result: {detail or '(no output)'}",
+                     "check that python3 (>= 3.8) runs on the host in a non-interactive shell")
+
+
+@dataclass(frozen=True)
+class AgentReply:
+    host: str
+    result: Mapping[str, Any]
+    events: list[AgentEvent]
+    output: list[str]  # lines that were not protocol lines
+    command: CommandResult
+
+
+def parse_reply(command: CommandResult) -> AgentReply:
+    """The decoded reply of a finished op; no result or an error result is the host's HostError."""
+    result: AgentResult | None = None
+    events: list[AgentEvent] = []
+    output: list[str] = []
+    for text in command.stdout.splitlines():
+        message = decode(OutputLine("stdout", text))
+        if isinstance(message, AgentResult):
+            result = message
+        elif isinstance(message, AgentEvent):
+            events.append(message)
+        else:
+            output.append(message.text)
+    if result is None:
+        raise no_result(command.host, f"(exit {command.exit_code}) {command.tail(5)}")
+    if result.error is not None:
+        raise agent_failed(command.host, result.error)
+    return AgentReply(command.host, result.data, events, output, command)
+
+
+def call_agent(transport: Transport, op: str, args: Mapping[str, Any] | None = None,
+               *, timeout: float | None = 60.0) -> AgentReply:
+    """Run one op on the transport's host in one round trip and return its parsed reply."""
+    command = transport.run(agent_argv(transport.host.python), stdin=request_bytes(op, args or {}),
+                            timeout=timeout)
+    return parse_reply(command)
+
+
+@dataclass
+class AgentStream:
+    """A long op (supervise, facts with a probe, logs -f): its decoded messages as they arrive,
+    and its stdin kept open as the control channel."""
+
+    host: str
+    running: RunningCommand
+    other: list[str] = field(default_factory=list)  # the last non-protocol lines, for error messages
+
+    def messages(self) -> Iterator[Message]:
+        for line in self.running.lines():
+            message = decode(line)
+            if isinstance(message, OutputLine):
+                self.other = [*self.other[-19:], message.text]
+            yield message
+
+    def send(self, data: bytes) -> None:
+        self.running.send(data)
+
+    def close_stdin(self) -> None:
+        self.running.close_stdin()
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        return self.running.wait(timeout)
+
+    def abort(self) -> None:
+        self.running.abort()
+
+
+def start_agent(transport: Transport, op: str, args: Mapping[str, Any]) -> AgentStream:
+    """Start a long op; stdin stays open as its control channel."""
+    running = transport.start(agent_argv(transport.host.python), stdin=request_bytes(op, args))
+    return AgentStream(transport.host.name, running)

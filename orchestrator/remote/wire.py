@@ -1,0 +1,309 @@
+"""Typed replies of the node agent's ops: each op's JSON result is parsed here, once, into dataclasses.
+
+Nothing above the remote layer indexes an agent reply by string keys; commands and the launch
+pipeline read these types (facts, port owners and kill reports, a supervised node's result, the
+jobs a host runs, what `down` stopped, what `logs` found).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+
+def _int_or_none(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+def one_line(argv: Sequence[str]) -> str:
+    """A command line for a table cell: arguments joined, newlines and runs of spaces collapsed."""
+    return " ".join(" ".join(argv).split())
+
+
+# -- ports (port_owners, kill_port, and the facts op's master_port) ----------------------------
+
+@dataclass(frozen=True)
+class PortOwner:
+    pid: int
+    user: str
+    command: str
+    age_s: float | None
+    status: str  # LISTEN, ESTABLISHED, BOUND (udp) ...
+    ddpctl_job_id: str | None
+    is_torchrun: bool
+    refusal: str | None  # why it will not be killed, or None
+    torchrun_agent: int | None = None  # a torchrun worker's agent pid: the kill takes the agent's whole tree
+    job_live: bool = False  # its ddpctl job's supervisor on that host still runs it
+
+    def describe(self, width: int = 160) -> str:
+        job = f", ddpctl job {self.ddpctl_job_id}" if self.ddpctl_job_id else ""
+        return f"pid {self.pid} (user {self.user}{job}): {self.command[:width]}"
+
+
+def parse_owner(o: Mapping[str, Any]) -> PortOwner:
+    return PortOwner(int(o["pid"]), str(o.get("user")), one_line(o.get("cmdline") or [o.get("name") or "?"]),
+                     o.get("age_s"), str(o.get("status")), o.get("ddpctl_job_id"), bool(o.get("is_torchrun")),
+                     o.get("refusal"), _int_or_none(o.get("torchrun_agent")), bool(o.get("job_live")))
+
+
+@dataclass(frozen=True)
+class KilledProcess:
+    pid: int
+    command: str
+    signal: str  # the signal that ended it: SIGTERM, or SIGKILL after the grace period
+    owner: bool  # held the port itself (False: part of its process tree)
+
+
+@dataclass(frozen=True)
+class RefusedProcess:
+    pid: int | None  # None: a socket whose process the agent cannot see
+    reason: str
+
+
+@dataclass(frozen=True)
+class UnseenSocket:
+    """A socket on the port held by a process the agent's user cannot see (another user's)."""
+
+    status: str
+    laddr: str
+    user: str
+
+
+@dataclass(frozen=True)
+class PortReport:
+    host: str
+    port: int
+    proto: str
+    owners: tuple[PortOwner, ...]
+    time_wait: int  # TIME_WAIT sockets with no process
+    time_wait_max_s: float
+    killed: tuple[KilledProcess, ...] = ()
+    refused: tuple[RefusedProcess, ...] = ()
+    errors: tuple[str, ...] = ()  # signals that could not be sent, processes that survived SIGKILL
+    free_after: bool | None = None  # None: nothing was attempted
+    unseen: tuple[UnseenSocket, ...] = ()
+    raw: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def free(self) -> bool:
+        """No process holds the port (TIME_WAIT alone does not stop a SO_REUSEADDR bind)."""
+        return self.free_after if self.free_after is not None else not self.owners and not self.unseen
+
+    @property
+    def killable(self) -> list[PortOwner]:
+        return [o for o in self.owners if o.refusal is None]
+
+
+def parse_report(host: str, r: Mapping[str, Any]) -> PortReport:
+    owners = tuple(parse_owner(o) for o in r.get("owners", []))
+    killed = tuple(KilledProcess(int(k["pid"]), one_line([str(k.get("cmdline", ""))]), str(k.get("signal")),
+                                 bool(k.get("owner"))) for k in r.get("killed", []))
+    refused = tuple(RefusedProcess(_int_or_none(x.get("pid")), str(x["reason"])) for x in r.get("refused", []))
+    unseen = tuple(UnseenSocket(str(u.get("status")), str(u.get("laddr")), str(u.get("user")))
+                   for u in r.get("unseen", []))
+    errors = tuple(f"pid {e.get('pid')}: {e.get('error')}" for e in r.get("errors", []))
+    return PortReport(host, int(r["port"]), str(r.get("proto", "tcp")), owners, int(r.get("time_wait", 0)),
+                      float(r.get("time_wait_max_s", 0.0)), killed, refused, errors,
+                      r.get("free_after") if "killed" in r and not r.get("dry_run") else None, unseen, r)
+
+
+@dataclass(frozen=True)
+class MasterPortFact:
+    """The facts op's look at the master port on the master host."""
+
+    port: int
+    bindable: bool
+    bind_error: str | None
+    owners: tuple[PortOwner, ...] | None  # None: this agent cannot list owners
+
+
+def parse_master_port(d: Mapping[str, Any]) -> MasterPortFact:
+    raw = d.get("owners")
+    owners = None if raw is None else tuple(parse_owner(o) for o in raw if isinstance(o, Mapping) and o.get("pid"))
+    return MasterPortFact(int(d.get("port") or 0), bool(d.get("bindable", True)), d.get("bind_error"), owners)
+
+
+# -- facts -------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class HostFacts:
+    """The facts op's answer for one host, with the round trip's timing.
+
+    Doctor's checks read sub-facts by name (`get`); the launch reads the typed properties."""
+
+    host: str
+    facts: Mapping[str, Any]
+    errors: Mapping[str, str]
+    sent_at: float = 0.0  # orchestrator wall clock before the call
+    received_at: float = 0.0  # ... and after it
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return self.facts.get(name, default)
+
+    @property
+    def hostname(self) -> str:
+        return str(self.facts.get("hostname") or self.host)
+
+    @property
+    def cpu_count(self) -> int:
+        return int(self.facts.get("cpu_count") or 1)
+
+    @property
+    def gpu_count(self) -> int:
+        return int(self.facts.get("gpu_count") or 0)
+
+    @property
+    def python_found(self) -> bool:
+        return bool((self.facts.get("python") or {}).get("found"))
+
+    @property
+    def workdir_exists(self) -> bool:
+        return bool((self.facts.get("workdir") or {}).get("exists"))
+
+    @property
+    def free_port(self) -> int | None:
+        return _int_or_none(self.facts.get("free_port"))
+
+    @property
+    def master_port(self) -> MasterPortFact | None:
+        mp = self.facts.get("master_port")
+        return parse_master_port(mp) if isinstance(mp, Mapping) else None
+
+
+# -- supervise ---------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class RankError:
+    """A rank's torchelastic error file: its exception and traceback."""
+
+    local_rank: int | str | None
+    message: str
+    traceback: str
+    timestamp: float | None
+    file: str | None
+
+
+@dataclass(frozen=True)
+class NcclChoice:
+    """What NCCL chose on one host, parsed from its NCCL_DEBUG=INFO log (--nccl-debug)."""
+
+    files: tuple[str, ...]
+    networks: tuple[str, ...]
+    interfaces: tuple[str, ...]
+    bootstrap: tuple[str, ...]
+    transports: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class SuperviseResult:
+    """One host's supervised torchrun, as its supervisor reports it when it ends."""
+
+    exit_code: int | None
+    stop_reason: str | None
+    first_error: RankError | None
+    nccl: NcclChoice | None
+    error: str | None  # the agent itself failed
+    log: str | None
+
+
+def _strs(value: Any) -> tuple[str, ...]:
+    return tuple(str(v) for v in value or ())
+
+
+def parse_supervise(r: Mapping[str, Any]) -> SuperviseResult:
+    fe = r.get("first_error")
+    first = None if not isinstance(fe, Mapping) else RankError(
+        fe.get("local_rank"), str(fe.get("message") or ""), str(fe.get("traceback") or ""),
+        fe.get("timestamp"), fe.get("file"))
+    n = r.get("nccl")
+    nccl = None if not isinstance(n, Mapping) else NcclChoice(
+        _strs(n.get("files")), _strs(n.get("networks")), _strs(n.get("interfaces")),
+        _strs(n.get("bootstrap")), _strs(n.get("transports")))
+    err = r.get("error")
+    error = str(err.get("message")) if isinstance(err, Mapping) else (str(err) if err else None)
+    return SuperviseResult(_int_or_none(r.get("exit_code")), r.get("stop_reason"), first, nccl, error, r.get("log"))
+
+
+@dataclass(frozen=True)
+class DetachedStart:
+    """A detached supervisor's answer: it runs on as a daemon."""
+
+    host: str
+    started: bool
+    pid: int | None
+    state_dir: str | None
+    log: str | None
+
+
+def parse_detached(host: str, r: Mapping[str, Any]) -> DetachedStart:
+    return DetachedStart(host, int(r.get("exit_code", 1)) == 0 and r.get("pid") is not None,
+                         _int_or_none(r.get("pid")), r.get("state_dir"), r.get("log"))
+
+
+# -- ps / down / logs --------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class RunningJob:
+    """One node of a ddpctl job that runs on a host (`ps`)."""
+
+    host: str
+    job_id: str
+    job_name: str | None
+    node_rank: int | None
+    pid: int | None
+    pids: tuple[int, ...]
+    uptime_s: float
+    detached: bool
+    log: str | None
+    gpu_memory_mib: int | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"host": self.host, "job_id": self.job_id, "job_name": self.job_name, "node_rank": self.node_rank,
+                "pid": self.pid, "pids": list(self.pids), "uptime_s": self.uptime_s, "detached": self.detached,
+                "log": self.log, "gpu_memory_mib": self.gpu_memory_mib}
+
+
+def parse_ps(host: str, r: Mapping[str, Any]) -> list[RunningJob]:
+    return [RunningJob(host, str(j["job_id"]), j.get("job_name"), _int_or_none(j.get("node_rank")),
+                       _int_or_none(j.get("pid")), tuple(int(p) for p in j.get("pids") or ()),
+                       float(j.get("uptime_s") or 0.0), bool(j.get("detached")), j.get("log"),
+                       _int_or_none(j.get("gpu_memory_mib")))
+            for j in r.get("jobs") or ()]
+
+
+@dataclass(frozen=True)
+class StoppedJob:
+    """What `down` ended of one job on one host."""
+
+    job_id: str
+    terminated: tuple[int, ...]
+    killed: tuple[int, ...]  # needed SIGKILL after the grace period
+    commands: Mapping[int, str]
+    left: tuple[int, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"job_id": self.job_id, "terminated": list(self.terminated), "killed": list(self.killed),
+                "commands": {str(k): v for k, v in self.commands.items()}, "left": list(self.left)}
+
+
+def parse_down(r: Mapping[str, Any]) -> list[StoppedJob]:
+    return [StoppedJob(str(s["job_id"]), tuple(int(p) for p in s.get("terminated") or ()),
+                       tuple(int(p) for p in s.get("killed") or ()),
+                       {int(k): str(v) for k, v in (s.get("commands") or {}).items()},
+                       tuple(int(p) for p in s.get("left") or ()))
+            for s in r.get("stopped") or ()]
+
+
+@dataclass(frozen=True)
+class LogsFound:
+    """The `logs` op's closing answer: whether the host had the job's log at all."""
+
+    found: bool
+    job_id: str | None
+    node_rank: int | None
+    running: bool
+
+
+def parse_logs(r: Mapping[str, Any]) -> LogsFound:
+    return LogsFound(bool(r.get("found")), r.get("job_id"), _int_or_none(r.get("node_rank")), bool(r.get("running")))

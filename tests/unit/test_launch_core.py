@@ -1,0 +1,170 @@
+"""The launch core through the backend seam: a scripted backend stands in for SSH or Slurm, so the
+supervision rules (ranks, fail fast, lost hosts, exit codes, summary.json) are tested on their own."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from inventory import Host, Inventory, Job, Rendezvous
+from orchestrator.hostops.stacks import StacksReport
+from orchestrator.launch import core
+from orchestrator.launch.backends.base import DetachReport, Emit, Notice, Resolved
+from orchestrator.launch.events import Alive, BackendEvent, Exited, Lost, Output, Reported, Started
+from orchestrator.launch.inline import InlineProgram
+from orchestrator.launch.observer import Collected
+from orchestrator.launch.options import LaunchOptions
+from orchestrator.launch.plan import LaunchPlan
+from orchestrator.remote.wire import RankError, SuperviseResult
+
+A = Host(name="a", address="198.18.0.1", python="/opt/py/bin/python")
+B = Host(name="b", address="198.18.0.2")
+C = Host(name="c", address="198.18.0.3")
+
+Script = Callable[["ScriptedBackend", Emit], None]
+
+
+def make_job(hosts: tuple[Host, ...] = (A, B)) -> Job:
+    return Job(name="t", inventory=Inventory(hosts=(A, B, C)), hosts=hosts, script="train.py",
+               nproc_per_node=2, rendezvous=Rendezvous(master_port=29500), base_dir=Path("/jobs"))
+
+
+@dataclass
+class ScriptedBackend:
+    """Runs `script` in a thread when started; records what the core asked of it."""
+
+    script: Script
+    name: str = "scripted"
+    stops: list[tuple[tuple[str, ...], bool]] = field(default_factory=list)
+    dropped: list[str] = field(default_factory=list)
+    closed: bool = False
+    plan: LaunchPlan | None = None
+    stopped: threading.Event = field(default_factory=threading.Event)
+
+    def resolve(self, job: Job, options: LaunchOptions, notice: Notice, settle: bool) -> Resolved:
+        notice(f"resolved (settle={settle})")
+        return Resolved({h.name: 2 for h in job.hosts}, 29555)
+
+    def start(self, plan: LaunchPlan, options: LaunchOptions, emit: Emit) -> None:
+        self.plan = plan
+        threading.Thread(target=self.script, args=(self, emit), daemon=True).start()
+
+    def stop(self, hosts: Sequence[str], force: bool) -> None:
+        self.stops.append((tuple(hosts), force))
+        self.stopped.set()
+
+    def drop(self, host: str) -> None:
+        self.dropped.append(host)
+
+    def close(self) -> None:
+        self.closed = True
+
+    def detach(self, plan: LaunchPlan, options: LaunchOptions) -> DetachReport:
+        return DetachReport(started={hl.host.name: 100 + hl.node_rank for hl in plan.hosts})
+
+    def stacks(self, plan: LaunchPlan) -> StacksReport:
+        return StacksReport(plan.job_id)
+
+
+def emit_all(emit: Emit, events: Sequence[BackendEvent]) -> None:
+    for event in events:
+        emit(event)
+
+
+def launch(script: Script, tmp_path: Path, job: Job | None = None) -> tuple[core.RunResult, Collected,
+                                                                             ScriptedBackend]:
+    backend = ScriptedBackend(script)
+    out = Collected()
+    result = core.launch(job or make_job(), backend, out, LaunchOptions(grace=1.0, runs_dir=tmp_path))
+    return result, out, backend
+
+
+def test_a_clean_run_maps_torchrun_prefixes_to_global_ranks_and_keeps_logs(tmp_path: Path) -> None:
+    def script(_b: ScriptedBackend, emit: Emit) -> None:
+        emit_all(emit, [Started("a"), Started("b"), Output("b", "[default1]:loss=1.0"), Alive("a"),
+                        Output("a", "torchrun says hi"), Exited("a", 0), Exited("b", 0)])
+
+    result, out, backend = launch(script, tmp_path)
+    assert result.exit_code == 0 and result.ok and result.first_failure is None
+    assert ("b", "3", "loss=1.0") in out.lines  # node_rank 1 x nproc 2 + local rank 1
+    assert ("a", None, "torchrun says hi") in out.lines
+    assert backend.stops == [] and backend.closed
+    assert out.plan is not None and out.plan.master_port == 29555  # the backend's resolution
+    assert (result.run_dir / "b.log").read_text() == "[default1]:loss=1.0\n"
+    summary = json.loads((result.run_dir / "summary.json").read_text())
+    assert summary["exit_code"] == 0 and [h["state"] for h in summary["hosts"]] == ["exited", "exited"]
+    assert result.run_dir == tmp_path / result.job_id
+
+
+def test_the_first_failing_host_stops_every_other_host_and_is_the_first_failure(tmp_path: Path) -> None:
+    error = RankError(1, "RuntimeError: boom", "Traceback ...\nRuntimeError: boom", 1.0, None)
+
+    def script(b: ScriptedBackend, emit: Emit) -> None:
+        emit_all(emit, [Started("a"), Started("b"),
+                        Reported("b", SuperviseResult(1, None, error, None, None, None)), Exited("b", 1)])
+        assert b.stopped.wait(10), "the core never asked to stop the other host"
+        emit_all(emit, [Exited("a", 143)])
+
+    result, out, backend = launch(script, tmp_path)
+    assert backend.stops == [(("a",), False)]  # graceful, only the host still running
+    assert result.first_failure is not None and result.first_failure.host == "b"
+    assert result.first_failure.first_error == error
+    assert result.global_rank(result.first_failure, 1) == 3
+    assert result.exit_code == 1
+    assert any("b failed (exit code 1)" in n for n in out.notices)
+
+
+def test_a_lost_host_is_dropped_and_fails_the_job(tmp_path: Path) -> None:
+    def script(b: ScriptedBackend, emit: Emit) -> None:
+        emit_all(emit, [Started("a"), Lost("b", "connection refused")])
+        assert b.stopped.wait(10)
+        emit_all(emit, [Exited("a", 0)])
+
+    result, _out, backend = launch(script, tmp_path)
+    assert backend.dropped == ["b"]
+    by_host = {r.host: r for r in result.hosts}
+    assert by_host["b"].state.value == "lost" and by_host["b"].error == "connection refused"
+    assert result.first_failure is not None and result.first_failure.host == "b"
+    assert result.exit_code == 1
+
+
+def test_a_single_host_job_exits_with_torchruns_own_code(tmp_path: Path) -> None:
+    def script(_b: ScriptedBackend, emit: Emit) -> None:
+        emit_all(emit, [Started("a"), Exited("a", 7)])
+
+    result, _out, _backend = launch(script, tmp_path, make_job(hosts=(A,)))
+    assert result.exit_code == 7
+
+
+def test_an_inline_program_runs_with_no_python_and_the_dry_run_plan_is_the_launched_plan(tmp_path: Path) -> None:
+    program = InlineProgram({"pkg": "", "pkg.main": "print('hi')"}, "pkg.main", ("--x", "a b"))
+    backend = ScriptedBackend(lambda _b, emit: emit_all(emit, [Exited("a", 0), Exited("b", 0)]))
+    result = core.launch(make_job(), backend, Collected(), LaunchOptions(runs_dir=tmp_path), inline=program)
+    assert result.ok and backend.plan is not None
+    a = backend.plan.hosts[0]
+    assert "--no-python" in a.launcher and "--module" not in a.launcher
+    assert a.program[:2] == ("/opt/py/bin/python", "-c") and a.program[-3:] == ("pkg.main", "--x", "a b")
+    dry = core.plan_job(make_job(), ScriptedBackend(lambda _b, _e: None))
+    assert dry.hosts[0].program == ("train.py",) and "--no-python" not in dry.hosts[0].launcher
+    assert dry.hosts[0].launcher == a.launcher[:-1]  # the same torchrun options, less --no-python
+    assert dry.master_port == backend.plan.master_port and dry.job_id != backend.plan.job_id
+
+
+def test_detach_starts_through_the_backend_and_names_the_job(tmp_path: Path) -> None:
+    backend = ScriptedBackend(lambda _b, _e: None)
+    out = Collected()
+    detached = core.detach(make_job(), backend, out, LaunchOptions(runs_dir=tmp_path))
+    assert detached.report.started == {"a": 100, "b": 101}
+    assert out.plan is detached.plan and "resolved (settle=True)" in out.notices
+
+
+@pytest.mark.parametrize("settle", [False, True])
+def test_plan_job_passes_settle_to_the_backend(settle: bool) -> None:
+    out = Collected()
+    core.plan_job(make_job(), ScriptedBackend(lambda _b, _e: None), settle=settle, observer=out)
+    assert out.notices == [f"resolved (settle={settle})"]

@@ -1,0 +1,99 @@
+"""SIGTERM, grace, SIGKILL on real processes: node_agent.terminate and end_job, its job-id user."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+
+from node_agent.procfs import alive
+from node_agent.runstate import end_job
+from node_agent.terminate import terminate
+
+SLEEPER = "import time; print('ready', flush=True); time.sleep(600)"
+STUBBORN = "import signal; signal.signal(signal.SIGTERM, signal.SIG_IGN)\n" + SLEEPER
+# Leads its own group; its child stays in that group and is not named to terminate().
+GROUP = ("import subprocess, sys, time\n"
+         "kid = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+         "print('ready', kid.pid, flush=True)\n"
+         "time.sleep(600)\n")
+
+
+@contextlib.contextmanager
+def running(code: str, env: dict[str, str] | None = None, new_session: bool = False) -> Iterator[list[int]]:
+    """Start python -c code; yields [its pid, *pids it printed after 'ready'], all SIGKILLed at exit."""
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, **(env or {})}, start_new_session=new_session)
+    pids = [proc.pid]
+    try:
+        assert proc.stdout is not None
+        words = proc.stdout.readline().split()
+        assert words[:1] == ["ready"], f"{code!r} did not start"
+        pids += [int(w) for w in words[1:]]
+        yield pids  # an unreaped child is a zombie: alive() already says it is gone
+    finally:
+        for pid in pids[1:]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        proc.kill()
+        proc.wait(timeout=30)
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+def test_a_process_that_obeys_sigterm_is_not_killed() -> None:
+    with running(SLEEPER) as (pid,):
+        done = terminate([pid], grace=10.0)
+        assert (done.terminated, done.killed, done.left, done.errors) == ([pid], [], [], [])
+        assert "-c" in done.commands[pid]
+        assert not alive(pid)
+
+
+def test_a_process_ignoring_sigterm_gets_sigkill_after_the_grace() -> None:
+    with running(STUBBORN) as (pid,):
+        done = terminate([pid], grace=0.5)
+        assert (done.terminated, done.killed, done.left) == ([pid], [pid], [])
+        assert not alive(pid)
+
+
+def test_a_group_signal_reaches_a_member_not_named() -> None:
+    with running(GROUP, new_session=True) as (leader, kid):
+        done = terminate([leader], [leader], grace=10.0)
+        assert done.terminated == [leader] and done.killed == []
+        assert not alive(leader) and not alive(kid), "the group's other member outlived SIGTERM"
+
+
+def test_without_the_group_an_unnamed_member_is_left_alone() -> None:
+    with running(GROUP, new_session=True) as (leader, kid):
+        terminate([leader], grace=10.0)
+        assert not alive(leader) and alive(kid)
+
+
+def test_a_member_found_during_the_grace_gets_sigkill() -> None:
+    """`members` is asked again while waiting: a process that appears meanwhile (a job's late
+    child, found by its job id) is among the survivors and is SIGKILLed too."""
+    with running(SLEEPER) as (first,), running(STUBBORN) as (late,):
+        asked = []
+
+        def members() -> list[int]:
+            asked.append(1)
+            return [first] if len(asked) == 1 else [first, late]
+
+        done = terminate([first], grace=0.5, members=members)
+        assert done.killed == [late] and done.terminated == [first, late] and done.left == []
+        assert not alive(late)
+
+
+def test_end_job_ends_every_process_carrying_the_job_id() -> None:
+    env = {"DDPCTL_JOB_ID": "end-job-test-1", "DDPCTL_NODE_RANK": "0"}
+    with running(GROUP, env, new_session=True) as (leader, kid), running(STUBBORN, env) as (stubborn,), \
+            running(SLEEPER, {"DDPCTL_JOB_ID": "another-job"}) as (bystander,):
+        outcome = end_job("end-job-test-1", leader, 0.5, node_rank=0)
+        assert outcome["terminated"] == sorted([leader, kid, stubborn])
+        assert outcome["killed"] == [stubborn] and outcome["left"] == []
+        assert set(outcome["commands"]) == {str(leader), str(kid), str(stubborn)}
+        assert not any(alive(p) for p in (leader, kid, stubborn))
+        assert alive(bystander), "a process of another job was ended"
