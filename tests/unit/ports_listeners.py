@@ -65,13 +65,18 @@ def started(argv: Sequence[str], popen: Callable[..., subprocess.Popen[str]] = s
         listener = Listener(proc, int(words[0]), [int(w) for w in words[1:]])
         yield listener
     finally:
-        for pid in listener.children if listener else []:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        proc.kill()
-        proc.wait(timeout=30)
-        if proc.stdout is not None:
-            proc.stdout.close()
+        reap(proc, listener.children if listener else [])
+
+
+def reap(proc: subprocess.Popen[str], children: Sequence[int]) -> None:
+    """SIGKILL a test program and the children it reported, and collect it."""
+    for pid in children:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    proc.kill()
+    proc.wait(timeout=30)
+    if proc.stdout is not None:
+        proc.stdout.close()
 
 
 @contextlib.contextmanager

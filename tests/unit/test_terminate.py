@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -12,6 +11,7 @@ from collections.abc import Iterator
 from node_agent.procfs import alive
 from node_agent.runstate import end_job
 from node_agent.terminate import terminate
+from tests.unit.ports_listeners import reap
 
 SLEEPER = "import time; print('ready', flush=True); time.sleep(600)"
 STUBBORN = "import signal; signal.signal(signal.SIGTERM, signal.SIG_IGN)\n" + SLEEPER
@@ -35,13 +35,7 @@ def running(code: str, env: dict[str, str] | None = None, new_session: bool = Fa
         pids += [int(w) for w in words[1:]]
         yield pids  # an unreaped child is a zombie: alive() already says it is gone
     finally:
-        for pid in pids[1:]:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        proc.kill()
-        proc.wait(timeout=30)
-        if proc.stdout is not None:
-            proc.stdout.close()
+        reap(proc, pids[1:])
 
 
 def test_a_process_that_obeys_sigterm_is_not_killed() -> None:
