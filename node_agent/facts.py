@@ -27,6 +27,7 @@ from node_agent.runstate import job_is_supervised
 from node_agent.torch_facts import fact_torch
 
 CMD_TIMEOUT_S = 10.0
+NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")  # one entry per GPU the driver knows
 
 def run(argv: List[str], timeout: float = CMD_TIMEOUT_S) -> str:
     """stdout of argv; raises with the command's own error text when it fails."""
@@ -56,9 +57,8 @@ def fact_cpu_count(req: Dict[str, Any]) -> int:
 
 def fact_gpu_count(req: Dict[str, Any]) -> int:
     """NVIDIA GPUs the driver knows (0 where there is no driver or nvidia-smi fails)."""
-    nvidia = Path("/proc/driver/nvidia/gpus")
-    if nvidia.is_dir():
-        return len(list(nvidia.iterdir()))
+    if NVIDIA_GPUS.is_dir():
+        return len(list(NVIDIA_GPUS.iterdir()))
     try:
         return factparse.count_nvidia_list(run(["nvidia-smi", "-L"], timeout=15.0))
     except (OSError, RuntimeError, subprocess.SubprocessError):

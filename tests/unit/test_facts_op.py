@@ -260,9 +260,8 @@ def dead_pid() -> int:
     (FileNotFoundError("nvidia-smi: command not found"), 0),
 ], ids=["two", "driver-broken", "no-nvidia-smi"])
 def test_gpu_count_without_the_driver_directory_asks_nvidia_smi(
-        monkeypatch: pytest.MonkeyPatch, nvidia_smi: str | Exception, expected: int) -> None:
-    if Path("/proc/driver/nvidia/gpus").is_dir():
-        pytest.skip("this host's driver lists its GPUs: nvidia-smi is not asked")
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, nvidia_smi: str | Exception, expected: int) -> None:
+    monkeypatch.setattr(facts, "NVIDIA_GPUS", tmp_path / "no-driver" / "gpus")
 
     def fake_run(argv: list[str], timeout: float = 0.0) -> str:
         assert argv == ["nvidia-smi", "-L"]
