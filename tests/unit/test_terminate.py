@@ -15,6 +15,9 @@ from tests.unit.ports_listeners import reap
 
 SLEEPER = "import time; print('ready', flush=True); time.sleep(600)"
 STUBBORN = "import signal; signal.signal(signal.SIGTERM, signal.SIG_IGN)\n" + SLEEPER
+# Obeys SIGTERM, but only after a moment: still alive when terminate() first looks.
+SLOW_TO_GO = ("import signal, sys, time\n"
+              "signal.signal(signal.SIGTERM, lambda *_: (time.sleep(0.2), sys.exit(0)))\n" + SLEEPER)
 # Leads its own group; its child stays in that group and is not named to terminate().
 GROUP = ("import subprocess, sys, time\n"
          "kid = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
@@ -69,14 +72,14 @@ def test_without_the_group_an_unnamed_member_is_left_alone() -> None:
 def test_a_member_found_during_the_grace_gets_sigkill() -> None:
     """`members` is asked again while waiting: a process that appears meanwhile (a job's late
     child, found by its job id) is among the survivors and is SIGKILLed too."""
-    with running(SLEEPER) as (first,), running(STUBBORN) as (late,):
+    with running(SLOW_TO_GO) as (first,), running(STUBBORN) as (late,):
         asked = []
 
         def members() -> list[int]:
             asked.append(1)
             return [first] if len(asked) == 1 else [first, late]
 
-        done = terminate([first], grace=0.5, members=members)
+        done = terminate([first], grace=2.0, members=members)
         assert done.killed == [late] and done.terminated == [first, late] and done.left == []
         assert not alive(late)
 
