@@ -29,6 +29,7 @@ from node_agent.torch_facts import fact_torch
 CMD_TIMEOUT_S = 10.0
 NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")  # one entry per GPU the driver knows
 
+
 def run(argv: List[str], timeout: float = CMD_TIMEOUT_S) -> str:
     """stdout of argv; raises with the command's own error text when it fails."""
     if shutil.which(argv[0]) is None:
@@ -215,34 +216,24 @@ def fact_hostname_resolution(req: Dict[str, Any]) -> List[Dict[str, str]]:
 
 
 Fact = Callable[[Dict[str, Any]], Any]
-Needs = Callable[[Dict[str, Any]], bool]
 ON_SELECT_ONLY = frozenset({"gpu_count"})  # not in doctor's set: doctor reads fact_gpus
+# Sub-facts that run only when the request carries their input, selected or not.
+NEEDS: Dict[str, Callable[[Dict[str, Any]], bool]] = {
+    "script": lambda req: bool(req.get("script")),
+    "master_port": lambda req: bool(req.get("check_port") and req.get("master_port")),
+    "free_port": lambda req: bool(req.get("pick_port")),
+}
 
 
-def _always(req: Dict[str, Any]) -> bool:
-    return True
-
-
-def registry() -> Dict[str, Tuple[Fact, Needs]]:
-    """name -> (sub-fact, whether the request carries what it needs); a sub-fact whose needs are
-    not met is skipped, selected or not. Built per call, so tests can replace a sub-fact."""
+def registry() -> Dict[str, Fact]:
+    """name -> sub-fact. Built per call, so tests can replace a sub-fact."""
     return {
-        "python": (fact_python, _always),
-        "torch": (fact_torch, _always),
-        "gpus": (fact_gpus, _always),
-        "interfaces": (fact_interfaces, _always),
-        "firewall": (fact_firewall, _always),
-        "workdir": (fact_workdir, _always),
-        "infiniband": (fact_infiniband, _always),
-        "memlock": (fact_memlock, _always),
-        "env": (fact_env, _always),
-        "resolution": (fact_resolution, _always),
-        "hostname_resolution": (fact_hostname_resolution, _always),
-        "cpu_count": (fact_cpu_count, _always),
-        "gpu_count": (fact_gpu_count, _always),
-        "script": (fact_script, lambda req: bool(req.get("script"))),
-        "master_port": (fact_master_port, lambda req: bool(req.get("check_port") and req.get("master_port"))),
-        "free_port": (fact_free_port, lambda req: bool(req.get("pick_port"))),
+        "python": fact_python, "torch": fact_torch, "gpus": fact_gpus, "interfaces": fact_interfaces,
+        "firewall": fact_firewall, "workdir": fact_workdir, "infiniband": fact_infiniband,
+        "memlock": fact_memlock, "env": fact_env, "resolution": fact_resolution,
+        "hostname_resolution": fact_hostname_resolution, "cpu_count": fact_cpu_count,
+        "gpu_count": fact_gpu_count, "script": fact_script, "master_port": fact_master_port,
+        "free_port": fact_free_port,
     }
 
 
@@ -265,9 +256,8 @@ def sub_facts(req: Dict[str, Any]) -> Tuple[Dict[str, Fact], Dict[str, str]]:
         if name not in known:
             errors[name] = "unknown fact"
             continue
-        fn, needs = known[name]
-        if needs(req):
-            table[name] = fn
+        if NEEDS.get(name, lambda _req: True)(req):
+            table[name] = known[name]
     return table, errors
 
 

@@ -21,8 +21,7 @@ from orchestrator.launch.observer import Observer, Plain
 from orchestrator.launch.options import LaunchOptions, OnHang
 from orchestrator.launch.plan import LaunchPlan
 from orchestrator.launch.result import RunResult
-from orchestrator.remote.pool import DEFAULT_PARALLEL, HostPool
-from orchestrator.remote.ssh import SshOptions
+from orchestrator.remote.pool import DEFAULT_PARALLEL, make_pool
 
 JobSpec = Job | str | Path
 
@@ -44,12 +43,8 @@ def load(job: JobSpec, *, nproc_per_node: NprocSpec | None = None, master_port: 
 @contextmanager
 def _backend(ssh_config: str | Path | None, known_hosts: Sequence[str | Path], accept_new_host_keys: bool,
              parallel: int, connect_timeout: float) -> Iterator[SshBackend]:
-    options = SshOptions(ssh_config=Path(ssh_config) if ssh_config is not None else None,
-                         known_hosts=tuple(Path(p) for p in known_hosts),
-                         accept_new_host_keys=accept_new_host_keys, connect_timeout=connect_timeout)
-    if options.ssh_config is not None and not options.ssh_config.is_file():
-        raise ConfigError(f"SSH config file {options.ssh_config} does not exist", key="ssh_config")
-    with HostPool(options, max_parallel=parallel) as pool:
+    with make_pool(Path(ssh_config) if ssh_config is not None else None, [Path(p) for p in known_hosts],
+                   accept_new_host_keys, parallel, connect_timeout) as pool:
         yield SshBackend(pool)
 
 

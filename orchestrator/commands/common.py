@@ -14,8 +14,6 @@ from rich.markup import escape
 
 from inventory import ConfigError, Inventory, local_inventory
 from orchestrator.errors import HostError, HostsFailed, LaunchBlocked
-from orchestrator.remote.pool import DEFAULT_PARALLEL, HostPool
-from orchestrator.remote.ssh import SshOptions
 
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 # Piped output (logs, CI) is not cut at 80 columns: tables of hosts x checks need room.
@@ -41,15 +39,6 @@ ConnectTimeoutOpt = Annotated[
 InventoryOpt = Annotated[
     Path | None, typer.Option("--inventory", "-i", help="Inventory: hosts.toml or an MPI/DeepSpeed hostfile.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
-
-
-def make_pool(ssh_config: Path | None, known_hosts: list[Path] | None, accept_new: bool,
-              parallel: int = DEFAULT_PARALLEL, connect_timeout: float = 10.0) -> HostPool:
-    if ssh_config is not None and not ssh_config.is_file():
-        raise ConfigError(f"SSH config file {ssh_config} does not exist", key="--ssh-config")
-    options = SshOptions(ssh_config=ssh_config, known_hosts=tuple(known_hosts or ()),
-                         accept_new_host_keys=accept_new, connect_timeout=connect_timeout)
-    return HostPool(options, max_parallel=parallel)
 
 
 def load_inventory_arg(path: Path | None) -> Inventory:

@@ -24,7 +24,6 @@ from orchestrator.commands.common import (
     err_console,
     handle_errors,
     load_inventory_arg,
-    make_pool,
 )
 from orchestrator.doctor import CheckStatus, DoctorContext, Finding, Report, run_doctor
 from orchestrator.doctor.collective import BandwidthReport, bandwidth_report, job_for, smoke_findings
@@ -32,7 +31,7 @@ from orchestrator.doctor.context import from_inventory, from_job
 from orchestrator.doctor.render import render, to_json
 from orchestrator.launch.backends.base import Backend
 from orchestrator.launch.backends.ssh import SshBackend
-from orchestrator.remote.pool import DEFAULT_PARALLEL
+from orchestrator.remote.pool import DEFAULT_PARALLEL, make_pool
 
 JobArg = Annotated[Path | None, typer.Argument(help="Job file (job.toml); its hosts, env and "
                                                "rendezvous are checked.", dir_okay=False)]

@@ -24,11 +24,11 @@ from orchestrator.commands.common import (
     err_console,
     handle_errors,
     load_inventory_arg,
-    make_pool,
     print_host_error,
 )
 from orchestrator.errors import HostError
 from orchestrator.hostops.killport import find_port_owners, free_port
+from orchestrator.remote.pool import make_pool
 from orchestrator.remote.wire import PortOwner, PortReport
 
 PortArg = Annotated[int, typer.Argument(min=1, max=65535, help="The port to free (1-65535).", show_default=False)]

@@ -24,11 +24,11 @@ from orchestrator.commands.common import (
     err_console,
     handle_errors,
     load_inventory_arg,
-    make_pool,
     print_host_error,
 )
 from orchestrator.errors import HostError
 from orchestrator.hostops.jobs import job_logs, running_jobs, stop_job
+from orchestrator.remote.pool import make_pool
 
 JobArg = Annotated[str, typer.Argument(help="A job id (or name), or the job.toml it was started from.")]
 

@@ -16,10 +16,10 @@ from orchestrator.commands.common import (
     SshConfigOpt,
     console,
     handle_errors,
-    make_pool,
 )
 from orchestrator.commands.lifecycle import JobArg, resolve_target
 from orchestrator.hostops.stacks import collect, report_json, report_text
+from orchestrator.remote.pool import make_pool
 
 
 @handle_errors

@@ -21,7 +21,6 @@ from orchestrator.commands.common import (
     console,
     err_console,
     handle_errors,
-    make_pool,
 )
 from orchestrator.launch import core
 from orchestrator.launch.backends.ssh import SshBackend
@@ -29,6 +28,7 @@ from orchestrator.launch.observer import plan_summary
 from orchestrator.launch.options import LaunchOptions, OnHang
 from orchestrator.launch.plan import LaunchPlan, mask_env
 from orchestrator.launch.result import HostRun, HostState, RunResult
+from orchestrator.remote.pool import make_pool
 
 HOST_COLOURS = ["cyan", "magenta", "green", "yellow", "blue", "bright_red", "bright_cyan",
                 "bright_magenta", "bright_green", "bright_yellow"]

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Protocol
 
 from orchestrator.launch.plan import LaunchPlan
-from orchestrator.launch.result import HostRun
+from orchestrator.launch.result import HostRun, HostState
 
 
 class Observer(Protocol):
@@ -56,7 +56,7 @@ class Plain:
         print(f"[{host}:{rank}] {text}" if rank is not None else f"[{host}] {text}", flush=True)
 
     def on_state(self, run: HostRun) -> None:
-        if run.state.value in ("failed", "lost"):
+        if run.state in (HostState.FAILED, HostState.LOST):
             print(f"ddpctl: {run.host} {run.state.value}" + (f": {run.error}" if run.error else ""), flush=True)
 
     def on_notice(self, text: str) -> None:

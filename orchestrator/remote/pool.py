@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Generic, TypeVar
 
-from inventory import Host
+from inventory import ConfigError, Host
 from orchestrator.errors import HostError, HostErrorKind
 from orchestrator.remote.ssh import SshOptions, SshTransport
 from orchestrator.remote.transport import LocalTransport, Transport
@@ -80,3 +81,13 @@ class HostPool:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def make_pool(ssh_config: Path | None, known_hosts: Sequence[Path] | None, accept_new: bool,
+              parallel: int = DEFAULT_PARALLEL, connect_timeout: float = 10.0) -> HostPool:
+    """A pool with the SSH options every command (and the Python API) takes."""
+    if ssh_config is not None and not ssh_config.is_file():
+        raise ConfigError(f"SSH config file {ssh_config} does not exist", key="--ssh-config")
+    options = SshOptions(ssh_config=ssh_config, known_hosts=tuple(known_hosts or ()),
+                         accept_new_host_keys=accept_new, connect_timeout=connect_timeout)
+    return HostPool(options, max_parallel=parallel)

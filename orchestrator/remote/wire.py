@@ -230,15 +230,13 @@ class DetachedStart:
     """A detached supervisor's answer: it runs on as a daemon."""
 
     host: str
-    started: bool
-    pid: int | None
+    pid: int | None  # None: the daemon wrote no state in time
     state_dir: str | None
     log: str | None
 
 
 def parse_detached(host: str, r: Mapping[str, Any]) -> DetachedStart:
-    return DetachedStart(host, int(r.get("exit_code", 1)) == 0 and r.get("pid") is not None,
-                         _int_or_none(r.get("pid")), r.get("state_dir"), r.get("log"))
+    return DetachedStart(host, _int_or_none(r.get("pid")), r.get("state_dir"), r.get("log"))
 
 
 # -- ps / down / logs --------------------------------------------------------------------------

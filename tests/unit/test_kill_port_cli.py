@@ -14,8 +14,8 @@ from inventory import LOCALHOST
 from node_agent.runstate import alive
 from orchestrator.cli import app
 from orchestrator.commands import kill_port
-from orchestrator.commands.common import make_pool
 from orchestrator.hostops.killport import free_port
+from orchestrator.remote.pool import make_pool
 from tests.unit.ports_listeners import (
     NOBODY,
     SYSTEM_PYTHON,

@@ -17,13 +17,13 @@ from orchestrator.launch.events import Alive, Exited, Lost, Output, Problem, Rep
 from orchestrator.launch.options import LaunchOptions
 from orchestrator.launch.plan import HostLaunch, LaunchPlan
 from orchestrator.launch.preflight import gather, resolve_nprocs, settle_master_port
+from orchestrator.launch.supervise import LOST_AFTER
 from orchestrator.remote.agent import AgentEvent, AgentResult, AgentStream, call_agent, start_agent
 from orchestrator.remote.pool import HostPool
 from orchestrator.remote.transport import OutputLine, Transport
 from orchestrator.remote.wire import parse_detached, parse_supervise
 
-HEARTBEAT_EVERY = 2.0
-LOST_AFTER = 15.0  # the supervisor ends its job after this long without a heartbeat
+HEARTBEAT_EVERY = 2.0  # each node's supervisor ends its job after LOST_AFTER without one
 
 
 def supervise_request(plan: LaunchPlan, launch: HostLaunch, options: LaunchOptions,
@@ -77,7 +77,7 @@ class SshBackend:
             self.streams[name] = stream
             word = self.stopping.get(name)
         if word is not None:  # stopped while it was connecting
-            self._send(name, stream, word)
+            self._send(stream, word)
         for message in stream.messages():
             if isinstance(message, OutputLine):
                 emit(Output(name, message.text))
@@ -103,7 +103,8 @@ class SshBackend:
                 with contextlib.suppress(Exception):  # a dead channel shows up as silence: lost
                     stream.send(b"HEARTBEAT\n")
 
-    def _send(self, name: str, stream: AgentStream, word: bytes) -> None:
+    @staticmethod
+    def _send(stream: AgentStream, word: bytes) -> None:
         try:
             stream.send(word)
         except Exception:
@@ -114,9 +115,9 @@ class SshBackend:
         with self.lock:
             for name in hosts:
                 self.stopping[name] = word
-            streams = [(n, self.streams[n]) for n in hosts if n in self.streams]
-        for name, stream in streams:
-            self._send(name, stream, word)
+            streams = [self.streams[n] for n in hosts if n in self.streams]
+        for stream in streams:
+            self._send(stream, word)
 
     def drop(self, host: str) -> None:
         with self.lock:
