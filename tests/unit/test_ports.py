@@ -6,7 +6,6 @@ import contextlib
 import io
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -18,7 +17,7 @@ import pytest
 
 from node_agent import ports
 from node_agent.runstate import alive
-from tests.unit.ports_listeners import NOBODY, SYSTEM_PYTHON, fake_torchrun_argv, listening, started, wait_until
+from tests.unit.ports_listeners import NOBODY, SYSTEM_PYTHON, fake_torchrun_argv, listening, reap, started, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 ME = 1000
@@ -143,13 +142,7 @@ def group_leader_with_a_nobody_child() -> Iterator[tuple[subprocess.Popen[str], 
         wait_until(lambda: Path(f"/proc/{kid}").stat().st_uid != 0, what="the child to become nobody")
         yield proc, port, kid
     finally:
-        if kid:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(kid, signal.SIGKILL)
-        proc.kill()
-        proc.wait(timeout=30)
-        if proc.stdout is not None:
-            proc.stdout.close()
+        reap(proc, [kid] if kid else [])
 
 
 def test_without_force_another_users_child_in_the_owners_group_survives() -> None:
