@@ -6,12 +6,15 @@ import datetime
 import difflib
 import re
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, TypeGuard
 
 from inventory.model import GpuSpec, NprocSpec
 from inventory.tomlsource import Reporter, join_key
 
 NPROC_WORDS = ("gpu", "cpu", "auto")
+MAX_NPROC_PER_NODE = 1024
+"""Most processes one host may run (nproc_per_node, hostfile/inventory slots) and most GPUs it may
+declare: far beyond any real machine, so a larger number is a typo, not a cluster."""
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _TOKEN_BAD = re.compile(r"[\s\x00-\x1f\x7f]")
 
@@ -90,7 +93,7 @@ def expect_int(
 ) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         hint = f"write it without quotes: {key.rsplit('.', 1)[-1]} = {value}"
-        if not (isinstance(value, str) and value.strip().isdigit()):
+        if not (isinstance(value, str) and is_ascii_digits(value.strip())):
             hint = "write a whole number"
         raise src.error(key, f"expected an integer, got {describe(value)}", hint, value=value)
     if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
@@ -107,7 +110,7 @@ def expect_port(src: Reporter, key: str, value: object, allow_auto: bool = False
         raise src.error(
             key, f"port {value} is outside 1-65535", f"use a port between 1 and 65535{extra}"
         )
-    if allow_auto and isinstance(value, str) and not value.strip().isdigit():
+    if allow_auto and isinstance(value, str) and not is_ascii_digits(value.strip()):
         raise src.error(
             key, f'expected a port number or "auto", got {describe(value)}', value=value
         )
@@ -115,19 +118,25 @@ def expect_port(src: Reporter, key: str, value: object, allow_auto: bool = False
 
 
 def expect_gpus(src: Reporter, key: str, value: object) -> GpuSpec:
-    """A GPU count >= 0, or "auto" (detect on the host)."""
+    """A GPU count 0..MAX_NPROC_PER_NODE, or "auto" (detect on the host)."""
     if value == "auto":
         return "auto"
     if isinstance(value, str):
         raise src.error(key, f'expected a GPU count or "auto", got {describe(value)}', value=value)
-    return expect_int(src, key, value, 0, None)
+    if _is_int(value) and value > MAX_NPROC_PER_NODE:
+        raise src.error(
+            key,
+            f"{value} GPUs is more than {MAX_NPROC_PER_NODE} per host",
+            'give the number of GPUs the host has, or "auto" to detect it',
+        )
+    return expect_int(src, key, value, 0, MAX_NPROC_PER_NODE)
 
 
 def expect_nproc(src: Reporter, key: str, value: object) -> NprocSpec:
-    """Processes per node: an integer >= 1, or "gpu" / "cpu" / "auto"."""
+    """Processes per node: an integer 1..MAX_NPROC_PER_NODE, or "gpu" / "cpu" / "auto"."""
     if isinstance(value, str) and value in NPROC_WORDS:
         return value  # type: ignore[return-value]
-    if isinstance(value, str) and not value.strip().isdigit():
+    if isinstance(value, str) and not is_ascii_digits(value.strip()):
         choice = suggest(value, NPROC_WORDS)
         words = ", ".join(f'"{w}"' for w in NPROC_WORDS)
         raise src.error(
@@ -136,13 +145,19 @@ def expect_nproc(src: Reporter, key: str, value: object) -> NprocSpec:
             choice or f"use a number of processes per host, or one of {words}",
             value=value,
         )
-    if isinstance(value, int) and not isinstance(value, bool) and value < 1:
+    if _is_int(value) and value < 1:
         raise src.error(
             key,
             f"nproc_per_node must be at least 1, got {value}",
             'use 1 or more, or "gpu" for one process per GPU',
         )
-    return expect_int(src, key, value, 1, None)
+    if _is_int(value) and value > MAX_NPROC_PER_NODE:
+        raise src.error(
+            key,
+            f"nproc_per_node {value} is more than {MAX_NPROC_PER_NODE} processes per host",
+            f'use at most {MAX_NPROC_PER_NODE}, or "gpu" for one process per GPU',
+        )
+    return expect_int(src, key, value, 1, MAX_NPROC_PER_NODE)
 
 
 def expect_env_name(src: Reporter, key: str, name: str) -> str:
@@ -189,6 +204,15 @@ def expect_str_list(src: Reporter, key: str, value: object) -> list[str]:
             )
         out.append(item)
     return out
+
+
+def is_ascii_digits(text: str) -> bool:
+    """True for a plain whole number like "42" (isdigit alone accepts "²", which int() refuses)."""
+    return text.isascii() and text.isdigit()
+
+
+def _is_int(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _scalar(value: object) -> bool:

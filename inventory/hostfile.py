@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from inventory.errors import ConfigError
+from inventory.fields import MAX_NPROC_PER_NODE, is_ascii_digits
 from inventory.model import Host, Inventory
 from inventory.tomlsource import read_text
 
@@ -111,9 +112,9 @@ def _parse_field(path: Path, number: int, raw: str, field_text: str) -> _Field:
             key=key,
             hint=f'did you mean "{close[0]}"?' if close else "known keys: slots, max_slots",
         )
-    if not value.isdigit() or int(value) < 1:
+    if not is_ascii_digits(value) or not 1 <= int(value) <= MAX_NPROC_PER_NODE:
         raise ConfigError(
-            f'{key} must be a whole number >= 1, got "{value}"',
+            f'{key} must be a whole number from 1 to {MAX_NPROC_PER_NODE}, got "{value}"',
             file=path,
             line=number,
             column=column + len(key) + 1,

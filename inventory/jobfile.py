@@ -15,11 +15,13 @@ from inventory.fields import (
     describe,
     expect_env,
     expect_env_name,
+    expect_int,
     expect_nproc,
     expect_port,
     expect_str,
     expect_str_list,
     expect_table,
+    is_ascii_digits,
     suggest,
 )
 from inventory.hostrange import expand_hostnames
@@ -33,11 +35,12 @@ from inventory.model import (
     Rendezvous,
     local_inventory,
 )
-from inventory.tomlsource import FlagReporter, Reporter, TomlFile, read_toml
+from inventory.tomlsource import FlagReporter, Reporter, TomlFile, read_toml, toml_files_in
 
 JOB_FILE_KEYS = ("inventory", "job", "rendezvous", "env")
 JOB_KEYS = ("name", "script", "module", "args", "nproc_per_node", "hosts")
-RENDEZVOUS_KEYS = ("master_addr", "master_port", "backend")
+RENDEZVOUS_KEYS = ("master_addr", "master_port", "backend", "join_timeout")
+MAX_JOIN_TIMEOUT_S = 86400
 BACKENDS = ("static", "c10d")
 DEFAULT_MASTER_PORT = 29500
 
@@ -116,7 +119,7 @@ def load_job(path: Path, overrides: JobOverrides | None = None) -> Job:
         module=entry.module,
         args=arg_list,
         nproc_per_node=spec.nproc,
-        rendezvous=Rendezvous(spec.master_addr, spec.master_port, spec.backend),
+        rendezvous=Rendezvous(spec.master_addr, spec.master_port, spec.backend, _join_timeout(doc)),
         env=MappingProxyType(dict(spec.env)),
         source=path,
         base_dir=base_dir,
@@ -128,6 +131,8 @@ def _job_inventory(doc: TomlFile, base_dir: Path) -> Inventory:
         return local_inventory()
     text = expect_str(doc, "inventory", doc.data["inventory"])
     inv_path = base_dir / Path(text).expanduser()
+    if inv_path.is_dir():
+        raise _inventory_is_directory(doc, text, inv_path, base_dir)
     if not inv_path.is_file():
         raise doc.error(
             "inventory",
@@ -136,6 +141,23 @@ def _job_inventory(doc: TomlFile, base_dir: Path) -> Inventory:
             "omit inventory to run on this machine only",
         )
     return load_inventory(inv_path)
+
+
+def _inventory_is_directory(
+    doc: TomlFile, text: str, inv_path: Path, base_dir: Path
+) -> ConfigError:
+    """The job file's inventory names a directory: point at a TOML file inside it, if any."""
+    inside = [
+        p.relative_to(base_dir) if p.is_relative_to(base_dir) else p
+        for p in toml_files_in(inv_path)
+    ]
+    example = f'inventory = "{inside[0]}"' if inside else 'inventory = "hosts.toml"'
+    return doc.error(
+        "inventory",
+        f"inventory {inv_path} is a directory, not a file",
+        f"name the inventory file itself, relative to the job file's directory: {example}",
+        value=text,
+    )
 
 
 def _job_section(doc: TomlFile) -> dict[str, Any]:
@@ -190,6 +212,14 @@ def _entrypoint(doc: TomlFile, section: dict[str, Any]) -> _Entrypoint:
     return _Entrypoint(module=module)
 
 
+def _join_timeout(doc: TomlFile) -> float:
+    """[rendezvous] join_timeout: whole seconds, 0 turns the rendezvous watchdog off."""
+    rdzv = doc.data.get("rendezvous") or {}
+    if "join_timeout" not in rdzv:
+        return Rendezvous.join_timeout
+    return float(expect_int(doc, "rendezvous.join_timeout", rdzv["join_timeout"], 0, MAX_JOIN_TIMEOUT_S))
+
+
 def _read_spec(doc: TomlFile, section: dict[str, Any], inventory: Inventory) -> _Spec:
     rdzv: dict[str, Any] = {}
     if "rendezvous" in doc.data:
@@ -229,7 +259,8 @@ def apply_overrides(job: Job, overrides: JobOverrides) -> Job:
     spec = _apply_overrides(spec, overrides, job.inventory)
     _check_master(_JobReporter(job.source), spec, job.inventory)
     return replace(job, hosts=spec.hosts, nproc_per_node=spec.nproc, env=MappingProxyType(dict(spec.env)),
-                   rendezvous=Rendezvous(spec.master_addr, spec.master_port, spec.backend))
+                   rendezvous=Rendezvous(spec.master_addr, spec.master_port, spec.backend,
+                                         job.rendezvous.join_timeout))
 
 
 @dataclass(frozen=True)
@@ -384,7 +415,7 @@ def _script_paths(script: str, base_dir: Path, hosts: tuple[Host, ...]) -> list[
 
 
 def _digits_to_int(value: object) -> object:
-    if isinstance(value, str) and value.strip().isdigit():
+    if isinstance(value, str) and is_ascii_digits(value.strip()):
         return int(value)
     return value
 

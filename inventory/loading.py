@@ -9,6 +9,7 @@ from typing import Any
 
 from inventory.errors import ConfigError
 from inventory.fields import (
+    MAX_NPROC_PER_NODE,
     check_keys,
     expect_env,
     expect_gpus,
@@ -21,7 +22,7 @@ from inventory.fields import (
 from inventory.hostfile import load_hostfile
 from inventory.hostrange import expand_hostnames, is_range_pattern
 from inventory.model import GpuSpec, Host, Inventory
-from inventory.tomlsource import TomlFile, join_key, read_toml
+from inventory.tomlsource import TomlFile, directory_error, join_key, read_toml
 
 INVENTORY_KEYS = ("defaults", "hosts")
 DEFAULT_KEYS = ("user", "port", "python", "workdir", "gpus", "env")
@@ -60,6 +61,8 @@ def _first(value: Any, fallback: Any) -> Any:
 def load_inventory(path: Path) -> Inventory:
     """Load `path`: TOML when it ends in .toml, else a DeepSpeed/MPI-style hostfile."""
     path = Path(path)
+    if path.is_dir():
+        raise directory_error(path, "inventory")
     if path.suffix.lower() != ".toml":
         return load_hostfile(path)
     doc = read_toml(path, "inventory file")
@@ -110,7 +113,9 @@ def read_settings(
         python=expect_str(doc, key("python"), table["python"]) if "python" in table else None,
         workdir=expect_str(doc, key("workdir"), table["workdir"]) if "workdir" in table else None,
         gpus=expect_gpus(doc, key("gpus"), table["gpus"]) if "gpus" in table else None,
-        slots=expect_int(doc, key("slots"), table["slots"], 1) if "slots" in table else None,
+        slots=expect_int(doc, key("slots"), table["slots"], 1, MAX_NPROC_PER_NODE)
+        if "slots" in table
+        else None,
         env=expect_env(doc, key("env"), table["env"]) if "env" in table else {},
     )
 

@@ -65,6 +65,9 @@ class Rendezvous:
     master_addr: str | None = None  # None: the first selected host's address
     master_port: int | Literal["auto"] = 29500
     backend: Literal["static", "c10d"] = "static"
+    # The rendezvous watchdog: ranks not all joined this many seconds after torchrun started on
+    # every node (0: off). Well under torch's own timeouts (600 s to join, 30 min in a collective).
+    join_timeout: float = 120.0
 
 
 @dataclass(frozen=True)

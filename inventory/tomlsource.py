@@ -24,6 +24,7 @@ _PART = re.compile(_KEY_PART)
 _DECODE_AT = re.compile(r"\s*\(at line (?P<line>\d+), column (?P<col>\d+)\)\s*$")
 _DECODE_END = re.compile(r"\s*\(at end of document\)\s*$")
 _INDEX_SUFFIX = re.compile(r"\[\d+\]$")
+BOM = "\ufeff"
 
 
 @dataclass(frozen=True)
@@ -246,21 +247,43 @@ class FlagReporter:
 
 
 def read_text(path: Path, what: str) -> str:
-    """Read a UTF-8 config file, turning OS errors into ConfigError."""
+    """Read a UTF-8 config file, turning OS errors into ConfigError.
+
+    One leading byte-order mark (Windows editors write one) is dropped, so the text, and every
+    line and column reported later, are those of the same file saved without it."""
+    if path.is_dir():  # checked first: reading a directory fails differently across platforms
+        raise directory_error(path, what)
     try:
-        return path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8").removeprefix(BOM)
     except FileNotFoundError:
         raise ConfigError(
             f"{what} not found", file=path, hint="check the path (relative paths start at cwd)"
         ) from None
     except IsADirectoryError:
-        raise ConfigError(f"{what} is a directory, not a file", file=path) from None
+        raise directory_error(path, what) from None
     except UnicodeDecodeError as exc:
         raise ConfigError(
             f"{what} is not valid UTF-8 (byte {exc.start})", file=path, hint="save it as UTF-8"
         ) from None
     except OSError as exc:
         raise ConfigError(f"cannot read {what}: {exc.strerror}", file=path) from None
+
+
+def directory_error(path: Path, what: str) -> ConfigError:
+    """`what` was given a directory: say so, and name the TOML files inside it that it may mean."""
+    inside = toml_files_in(path)
+    hint = f"give the path of the {what} itself, not of its directory"
+    if inside:
+        hint += "; it holds " + ", ".join(str(p) for p in inside)
+    return ConfigError(f"{what} is a directory, not a file", file=path, hint=hint)
+
+
+def toml_files_in(directory: Path, limit: int = 3) -> list[Path]:
+    """Up to `limit` *.toml files directly in `directory`, sorted; none when it cannot be read."""
+    try:
+        return sorted(p for p in directory.glob("*.toml") if p.is_file())[:limit]
+    except OSError:
+        return []
 
 
 def read_toml(path: Path, what: str = "config file") -> TomlFile:

@@ -8,6 +8,7 @@ to every process carrying DDPCTL_JOB_ID, SIGKILL after the grace period.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import signal
@@ -30,6 +31,7 @@ from node_agent.runstate import (
 )
 
 HEARTBEAT_EVERY = 2.0
+RANK_POLL_S = 0.2  # how often the ranks' milestone files are looked for
 
 
 class Supervisor:
@@ -49,16 +51,55 @@ class Supervisor:
         self.last_beat = time.monotonic()
         self.stopping = threading.Event()
         self.passthrough = not detached
+        self.wrap = bool(request.get("wrap"))
+        self.rank_dir = self.dir / "ranks"
+        self.rank_records: Dict[str, Dict[str, Any]] = {}  # "<local rank>.<phase>" -> its record
 
     def argv(self) -> List[str]:
         log_dir = str(self.dir / "torchrun")
-        return [*list(self.request["launcher"]), "--log-dir", log_dir, *list(self.request["program"])]
+        wrapper = [str(self.dir / "rankwrap.py")] if self.wrap else []
+        return [*list(self.request["launcher"]), "--log-dir", log_dir, *wrapper,
+                *list(self.request["program"])]
+
+    def write_wrapper(self) -> None:
+        """Each rank starts through node_agent/rankwrap.py: its source goes next to the run state."""
+        module = importlib.import_module("node_agent.rankwrap")
+        source = module.__loader__.get_source(module.__name__)  # type: ignore[union-attr]
+        (self.dir / "rankwrap.py").write_text(source)
+        self.rank_dir.mkdir(exist_ok=True, mode=0o700)
+
+    def scan_ranks(self, emit: bool) -> None:
+        """Read milestone files not seen yet (started/init/joined/error) and report each once."""
+        try:
+            names = sorted(os.listdir(str(self.rank_dir)))
+        except OSError:
+            return
+        for name in names:
+            if name.endswith(".tmp") or name in self.rank_records:
+                continue
+            try:
+                record = json.loads((self.rank_dir / name).read_text())
+            except (OSError, ValueError):
+                continue  # being replaced: read it next time
+            self.rank_records[name] = record
+            if emit and self.passthrough:
+                try:
+                    emit_event("rank", **record)
+                except (BrokenPipeError, OSError):
+                    self.passthrough = False
+
+    def watch_ranks(self) -> None:
+        while self.proc is not None and self.proc.poll() is None:
+            self.scan_ranks(emit=True)
+            time.sleep(RANK_POLL_S)
 
     def env(self) -> Dict[str, str]:
         env = dict(os.environ)
         env.update({str(k): str(v) for k, v in (self.request.get("env") or {}).items()})
         env[JOB_ENV] = self.job_id
         env[NODE_RANK_ENV] = str(self.node_rank)
+        if self.wrap:
+            env["DDPCTL_RANK_DIR"] = str(self.rank_dir)
         if self.request.get("nccl_debug"):
             env.update(NCCL_DEBUG="INFO", NCCL_DEBUG_SUBSYS="INIT,NET",
                        NCCL_DEBUG_FILE=str(self.dir / "nccl.%h.%p.log"))
@@ -88,6 +129,8 @@ class Supervisor:
 
     def start(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if self.wrap:
+            self.write_wrapper()
         self.proc = subprocess.Popen(
             self.argv(), cwd=self.request.get("cwd") or None, env=self.env(),
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -141,8 +184,17 @@ class Supervisor:
                 self.stop("control connection lost (stdout closed)")
             time.sleep(HEARTBEAT_EVERY)
 
-    def first_error(self) -> Optional[Dict[str, Any]]:
-        """The earliest torchelastic error file of this node's ranks, if a rank wrote one."""
+    def rank_errors(self) -> List[Dict[str, Any]]:
+        """Every rank's error, earliest first: the wrapper's records, and torchelastic's error
+        files (from @record) for ranks the wrapper has no record of."""
+        errors = [dict(r, timestamp=r.get("time"), file=str(self.rank_dir / name))
+                  for name, r in self.rank_records.items() if r.get("phase") == "error"]
+        recorded = {e.get("local_rank") for e in errors}
+        errors += [e for e in self.error_files() if e["local_rank"] not in recorded]
+        return sorted(errors, key=lambda e: e.get("timestamp") or 0.0)
+
+    def error_files(self) -> List[Dict[str, Any]]:
+        """torchelastic's error files of this node's ranks (written by scripts that use @record)."""
         errors = []
         for path in (self.dir / "torchrun").glob("**/error.json"):
             try:
@@ -158,7 +210,7 @@ class Supervisor:
                 "traceback": extra.get("py_callstack", ""),
                 "file": str(path),
             })
-        return min(errors, key=lambda e: e["timestamp"]) if errors else None
+        return errors
 
     def run(self, control: Optional[BinaryIO]) -> Dict[str, Any]:
         self.start()
@@ -172,11 +224,16 @@ class Supervisor:
         if control is not None:
             threading.Thread(target=self.read_control, args=(control,), daemon=True).start()
             threading.Thread(target=self.watch_heartbeat, daemon=True).start()
+        if self.wrap:
+            threading.Thread(target=self.watch_ranks, daemon=True).start()
         code = self.proc.wait()
         pump.join(10)
+        self.scan_ranks(emit=True)
         if self.stopping.is_set():
             end_job(self.job_id, self.proc.pid, self.grace, self.node_rank)  # stragglers
-        result = {"exit_code": code, "stop_reason": self.stop_reason, "first_error": self.first_error(),
+        errors = self.rank_errors()
+        result = {"exit_code": code, "stop_reason": self.stop_reason,
+                  "first_error": errors[0] if errors else None, "rank_errors": errors[:32],
                   "state_dir": str(self.dir), "log": str(self.log_path)}
         if self.request.get("nccl_debug"):
             result["nccl"] = parse_files(sorted(self.dir.glob("nccl.*.log")))

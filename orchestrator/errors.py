@@ -7,12 +7,13 @@ from dataclasses import dataclass
 
 
 class HostErrorKind(str, enum.Enum):
-    UNREACHABLE = "unreachable"  # no answer: host down, link down, firewall dropping SSH
-    SSHD_DOWN = "sshd_down"  # connection refused on the SSH port
+    UNREACHABLE = "unreachable"  # no route to host, or no answer in time: host/link down, wrong address
+    SSHD_DOWN = "sshd_down"  # connection refused on the SSH port: the host is up, sshd does not listen
     UNRESOLVED = "unresolved"  # name does not resolve
     UNKNOWN_HOST_KEY = "unknown_host_key"
     CHANGED_HOST_KEY = "changed_host_key"
-    AUTH = "auth"  # passwordless SSH not set up
+    AUTH = "auth"  # keys were offered and refused: passwordless SSH not set up for them
+    NO_KEY = "no_key"  # no key to offer: no IdentityFile, ssh-agent key or default key found
     TIMEOUT = "timeout"  # a command ran past its deadline
     LOST = "lost"  # the connection died while a command ran
     AGENT = "agent"  # the node agent could not run or answered garbage

@@ -75,6 +75,7 @@ class Cluster:
     hosts: list[ClusterHost]
     port: int = 22
     _hostnames: list[str] = field(default_factory=list)
+    _unlisted: set[int] = field(default_factory=set)  # hosts whose hostname /etc/hosts leaves out
     _auth_files: list[Path] = field(default_factory=list)
     _procs: list[subprocess.Popen[Any]] = field(default_factory=list)
     _torn_down: bool = False
@@ -157,13 +158,16 @@ class Cluster:
 
     def _write_name_resolution(self) -> None:
         """Each host resolves every host's name, as a real cluster does (c10d and gloo look their
-        own hostname up): `ip netns exec` bind-mounts /etc/netns/<ns>/hosts over /etc/hosts."""
+        own hostname up): `ip netns exec` bind-mounts /etc/netns/<ns>/* over /etc/*. DNS goes to
+        the namespace's own loopback, where nothing answers: an unknown name fails at once, and no
+        query leaves the namespace."""
         table = "127.0.0.1 localhost\n::1 localhost\n" + "".join(
-            f"{h.address} {self._hostnames[i]}\n" for i, h in enumerate(self.hosts))
+            f"{h.address} {self._hostnames[i]}\n" for i, h in enumerate(self.hosts) if i not in self._unlisted)
         for h in self.hosts:
             etc = NETNS_ETC / h.netns
             etc.mkdir(parents=True, exist_ok=True)
             (etc / "hosts").write_text(table)
+            (etc / "resolv.conf").write_text("nameserver 127.0.0.1\noptions timeout:1 attempts:1\n")
 
     def _sshd_argv(self, i: int) -> list[str]:
         h = self.hosts[i]
@@ -238,6 +242,11 @@ class Cluster:
         self._hostnames[i] = name
         self._write_name_resolution()
         self.start_sshd(i)
+
+    def unlist_hostname(self, i: int, name: str) -> None:
+        """Give host `i` the hostname `name` that no host (itself included) can resolve."""
+        self._unlisted.add(i)
+        self.set_hostname(i, name)
 
     def unauthorize_key(self, i: int) -> None:
         """Make host `i` refuse the cluster key: an empty AuthorizedKeysFile, sshd restarted."""

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -27,15 +28,16 @@ from orchestrator.commands.common import (
     print_host_error,
 )
 from orchestrator.errors import HostError
-from orchestrator.hostops.jobs import job_logs, running_jobs, stop_job
+from orchestrator.hostops.jobs import JobAbsent, down_absent, job_logs, logs_absent, running_jobs, stop_job
 from orchestrator.remote.pool import make_pool
 
 JobArg = Annotated[str, typer.Argument(help="A job id (or name), or the job.toml it was started from.")]
 
 
 def resolve_target(job: str, inventory_path: Path | None) -> tuple[str, Inventory]:
-    """A job.toml names the job and its inventory; a bare id needs -i (or means this machine)."""
-    if job.endswith(".toml") and Path(job).is_file():
+    """A job.toml names the job and its inventory; a bare id needs -i (or means this machine).
+    A *.toml path that exists but is no file (a directory) is loaded too, to say so."""
+    if job.endswith(".toml") and Path(job).exists():
         spec = load_job(Path(job))
         inv = load_inventory_arg(inventory_path) if inventory_path else spec.inventory
         return spec.name, inv
@@ -45,6 +47,11 @@ def resolve_target(job: str, inventory_path: Path | None) -> tuple[str, Inventor
 def report_failures(failed: Mapping[str, HostError]) -> None:
     for err in failed.values():
         print_host_error(err)
+
+
+def report_absent(absent: JobAbsent) -> None:
+    err_console.print(f"[bold red]error:[/] {escape(absent.message)}", highlight=False)
+    err_console.print(f"  [bold]fix:[/] {escape(absent.fix)}", highlight=False)
 
 
 @handle_errors
@@ -91,23 +98,22 @@ def down_command(
     target, inv = resolve_target(job, inventory)
     with make_pool(ssh_config, known_hosts, accept_new_host_keys, parallel) as pool:
         fan = stop_job(pool, inv.hosts, target, grace)
+    absent = down_absent(target, inv, fan)
     if as_json:
         console.print_json(json.dumps({"stopped": {h: [s.to_json() for s in v] for h, v in fan.succeeded.items()},
                                        "failed": {k: v.to_json() for k, v in fan.failed.items()}}))
     else:
-        total = 0
         for host, stopped in fan.succeeded.items():
             for s in stopped:
-                total += len(s.terminated)
                 forced = f", {len(s.killed)} needed SIGKILL" if s.killed else ""
                 console.print(f"{host}: stopped {s.job_id}: {len(s.terminated)} process(es){forced}",
                               markup=False)
                 for pid, cmd in s.commands.items():
                     console.print(f"  pid {pid}: {cmd[:100]}", markup=False)
-        if not total:
-            console.print(f"no running process of {target} found on {len(fan.succeeded)} host(s)", markup=False)
         report_failures(fan.failed)
-    raise typer.Exit(1 if fan.failed else 0)
+    if absent is not None:
+        report_absent(absent)
+    raise typer.Exit(1 if fan.failed or absent is not None else 0)
 
 
 @handle_errors
@@ -131,7 +137,8 @@ def logs_command(
     with make_pool(ssh_config, known_hosts, accept_new_host_keys, parallel) as pool:
         fan = job_logs(pool, inv.hosts, target, follow, show)
     report_failures(fan.failed)
-    found = [host for host, logs in fan.succeeded.items() if logs.found]
-    if not found:
-        err_console.print(f"no logs of {target} on any host", highlight=False, markup=False)
+    absent = logs_absent(target, inv, fan)
+    if absent is not None:
+        report_absent(absent)
+    found = any(logs.found for logs in fan.succeeded.values())
     raise typer.Exit(0 if found and not fan.failed else 1)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import signal
 from pathlib import Path
 from typing import Annotated
 
@@ -22,11 +23,13 @@ from orchestrator.commands.common import (
     err_console,
     handle_errors,
 )
+from orchestrator.doctor.render import finding_text, grouped
 from orchestrator.launch import core
 from orchestrator.launch.backends.ssh import SshBackend
 from orchestrator.launch.observer import plan_summary
 from orchestrator.launch.options import LaunchOptions, OnHang
 from orchestrator.launch.plan import LaunchPlan, mask_env
+from orchestrator.launch.preflight import LAUNCH_CHECKS, ChecksFailed
 from orchestrator.launch.result import HostRun, HostState, RunResult
 from orchestrator.remote.pool import make_pool
 
@@ -132,15 +135,51 @@ def print_dry_run(plan: LaunchPlan) -> None:
         where = "local" if hl.host.is_local else f"ssh {hl.host.address}"
         console.print(f"\n[bold]{escape(hl.host.name)}[/] (node_rank {hl.node_rank}, {escape(where)}, "
                       f"cwd {escape(hl.cwd)})")
-        console.print("  command: " + hl.display(f"~/.ddpctl/runs/{plan.job_id}/node{hl.node_rank}/torchrun"),
-                      markup=False)
+        state = f"~/.ddpctl/runs/{plan.job_id}/node{hl.node_rank}"
+        console.print("  command: " + hl.display(f"{state}/torchrun", f"{state}/rankwrap.py"), markup=False)
         for key, value in sorted(mask_env(hl.env).items()):
             console.print(f"  env: {key}={value}", markup=False)
 
 
+def print_dry_run_limits(plan: LaunchPlan, checks: bool) -> None:
+    """What a dry run cannot know without contacting the hosts."""
+    if not checks:
+        return
+    err_console.print(f"\nnot checked (a dry run does not contact the hosts for it): the pre-launch checks "
+                      f"({', '.join(LAUNCH_CHECKS)}): master port reachable from every host, master_addr "
+                      "and hostnames resolving, NCCL/GLOO_SOCKET_IFNAME, the script present, nproc against "
+                      f"CPUs/GPUs. `ddpctl doctor {plan.job.source or ''}` runs them.".replace(" .", "."),
+                      markup=False)
+
+
+def print_checks_failed(exc: ChecksFailed) -> None:
+    """The pre-launch findings, as doctor prints them: errors, then warnings."""
+    shown = [f for f in exc.findings if f.status.value == "fail"] + [
+        f for f in exc.findings if f.status.value == "warn"]
+    err_console.print(Text("ddpctl: the pre-launch checks found errors; no rank was started", style="bold red"))
+    for finding, hosts in grouped(shown):
+        err_console.print(finding_text(finding, hosts))
+    err_console.print("(--no-checks launches anyway)", markup=False)
+
+
 def print_failure(result: RunResult) -> None:
+    if result.cause:
+        err_console.print(Text("\nrendezvous failed:", style="bold red"))
+        err_console.print(result.cause, markup=False)
+    root = result.root_cause
+    if root is not None:
+        err = root.error
+        rank = f"rank {err.rank}" if err.rank is not None else (
+            f"rank {result.global_rank(result.first_failure, err.local_rank)}"
+            if result.first_failure is not None and result.global_rank(result.first_failure, err.local_rank)
+            is not None else "a rank")
+        err_console.print(Text(f"\nfirst failure: {rank} on {root.host} (node_rank {root.node_rank}, "
+                               f"local rank {err.local_rank}): {err.summary}", style="bold red"))
+        for line in err.traceback.rstrip().splitlines()[-15:]:
+            err_console.print(f"    {line}", markup=False)
+        return
     run = result.first_failure
-    if run is None:
+    if run is None or result.cause:
         return
     err_console.print(Text(f"\nfirst failure: {run.host} (node_rank {run.node_rank})", style="bold red"))
     if run.error:
@@ -149,7 +188,7 @@ def print_failure(result: RunResult) -> None:
     if fe:
         rank_no = result.global_rank(run, fe.local_rank)
         rank = f"rank {rank_no} (local rank {fe.local_rank})" if rank_no is not None else f"local rank {fe.local_rank}"
-        err_console.print(f"  {rank}: {fe.message}", markup=False)
+        err_console.print(f"  {rank}: {fe.summary}", markup=False)
         for line in fe.traceback.rstrip().splitlines()[-12:]:
             err_console.print(f"    {line}", markup=False)
     elif run.tail:
@@ -194,6 +233,13 @@ def up_command(
     nccl_debug: Annotated[bool, typer.Option(
         "--nccl-debug", help="NCCL_DEBUG=INFO to a per-host file; print the interface and transport "
         "NCCL chose.", rich_help_panel="Hangs")] = False,
+    no_checks: Annotated[bool, typer.Option(
+        "--no-checks", help="Skip the pre-launch checks (master port probe, names, interfaces, script).",
+        rich_help_panel="Hangs")] = False,
+    join_timeout: Annotated[float | None, typer.Option(
+        "--join-timeout", min=0, help="Ranks not all joined this many seconds after torchrun started: "
+        "diagnose, stop, exit 1 (0: off; default: [rendezvous] join_timeout, 120).",
+        rich_help_panel="Hangs")] = None,
     ssh_config: SshConfigOpt = None,
     known_hosts: KnownHostsOpt = None,
     accept_new_host_keys: AcceptNewOpt = False,
@@ -208,17 +254,24 @@ def up_command(
     job = load_job(job_file, overrides)
     options = LaunchOptions(grace=grace, hang_timeout=hang_timeout, on_hang=on_hang.as_literal(),
                             dump_on_interrupt=dump_on_interrupt, nccl_debug=nccl_debug, free_port=free_port,
-                            runs_dir=runs_dir)
+                            runs_dir=runs_dir, checks=not no_checks, join_timeout=join_timeout)
     printer = Printer(job)
     with make_pool(ssh_config, known_hosts, accept_new_host_keys, parallel, connect_timeout) as pool:
         backend = SshBackend(pool)
-        if dry_run:
-            print_dry_run(core.plan_job(job, backend, options))
-            return
-        if detach:
-            print_detached(core.detach(job, backend, printer, options))
-        with printer:
-            result = core.launch(job, backend, printer, options)
+        try:
+            if dry_run:
+                plan = core.plan_job(job, backend, options)
+                print_dry_run(plan)
+                print_dry_run_limits(plan, options.checks)
+                return
+            if detach:
+                print_detached(core.detach(job, backend, printer, options))
+            with printer:
+                result = core.launch(job, backend, printer, options)
+        except ChecksFailed as exc:
+            print_checks_failed(exc)
+            raise typer.Exit(1) from None
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the job is over: a late Ctrl-C keeps its exit code
     print_failure(result)
     if nccl_debug:
         print_nccl(result)

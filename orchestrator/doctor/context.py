@@ -23,6 +23,7 @@ def from_job(job: Job, master_port: int | None = None, timeout_s: float = 120.0,
         script=job.script,
         env=dict(job.env),
         nproc_per_node=job.nproc_per_node,
+        rdzv_backend=job.rendezvous.backend,
         timeout_s=timeout_s,
         use_cache=use_cache,
     )

@@ -23,7 +23,11 @@ from orchestrator.remote.wire import HostFacts
 ENV_PREFIXES = ("NCCL_", "GLOO_", "TORCH_", "MASTER_")
 
 
-def facts_request(ctx: DoctorContext, host: Host, probe: bool) -> dict[str, Any]:
+def facts_request(ctx: DoctorContext, host: Host, probe: bool,
+                  select: Sequence[str] | None = None) -> dict[str, Any]:
+    """The facts op's request for one host: doctor's whole set, or the `select`ed sub-facts (the
+    launch); with `probe`, listeners for the TCP probe (the master also on the master port).
+    master_port None ("auto"): the master picks a free port instead."""
     is_master = host.name == ctx.master.name and ctx.master_port is not None
     request: dict[str, Any] = {
         "python": host.python,
@@ -36,6 +40,9 @@ def facts_request(ctx: DoctorContext, host: Host, probe: bool) -> dict[str, Any]
         "env_prefixes": list(ENV_PREFIXES),
         "no_cache": not ctx.use_cache,
     }
+    if select is not None:
+        request["select"] = list(select)
+        request["pick_port"] = host.name == ctx.master.name and ctx.master_port is None
     if probe:
         request["probe"] = {"ports": [0, ctx.master_port] if is_master else [0],
                             "timeout": ctx.timeout_s * 2}
@@ -98,7 +105,8 @@ class Opened:
     ports: dict[int, int | None]  # requested port -> bound port (None: busy)
 
 
-def open_sessions(pool: HostPool, ctx: DoctorContext, probe: bool) -> FanOut[Opened]:
+def open_sessions(pool: HostPool, ctx: DoctorContext, probe: bool,
+                  select: Sequence[str] | None = None) -> FanOut[Opened]:
     """Start the facts op on every host in parallel and wait for each one's facts."""
     by_name = {h.name: h for h in ctx.hosts}
 
@@ -107,7 +115,7 @@ def open_sessions(pool: HostPool, ctx: DoctorContext, probe: bool) -> FanOut[Ope
         sent = time.time()
         deadline = time.monotonic() + ctx.timeout_s
         session = Session(host.name, start_agent(transport, "facts",
-                                                 facts_request(ctx, host, probe)))
+                                                 facts_request(ctx, host, probe, select)))
         threading.Thread(target=session.pump, daemon=True).start()
         try:
             ports: dict[int, int | None] = {}

@@ -57,6 +57,7 @@ class DoctorContext:
     script: str | None = None  # relative to workdir
     env: Mapping[str, str] = field(default_factory=dict)  # the job's env (wins over the host's)
     nproc_per_node: object = 1
+    rdzv_backend: str = "static"  # "c10d" looks every host's own hostname up
     connect_timeout_s: float = 3.0
     timeout_s: float = 120.0
     use_cache: bool = True  # hosts may reuse torch facts cached under an exact key

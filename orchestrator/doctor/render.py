@@ -43,7 +43,7 @@ def _generic(f: Finding) -> tuple[str, ...]:
     name = f.host or ""
 
     def blank(text: str) -> str:
-        return text.replace(name, "<host>") if name else text
+        return text.replace(name, "\0") if name else text
 
     return (f.status.value, f.check, blank(f.message), blank(f.evidence), blank(f.fix))
 
@@ -63,12 +63,11 @@ def finding_text(f: Finding, hosts: list[str] | None = None) -> Text:
     text.append(f"{symbol} ", style=style)
     text.append(f"[{f.check}] ", style="bold")
     names = hosts or [f.host or "all hosts"]
-    if len(names) > 1:  # one line for many hosts: their names become <host> in the text
-        _, _, message, evidence, fix = _generic(f)
-        f = Finding(f.check, f.status, None, message, evidence, fix)
     shown = ", ".join(names[:6]) + (f" (+{len(names) - 6} more)" if len(names) > 6 else "")
     text.append(f"{shown}: ", style="bold")
     text.append(f.message)
+    if len(names) > 1:  # one entry for many hosts: the first one's words, real names throughout
+        text.append(f" (as seen on {names[0]}; the same on the others)", style="dim")
     if f.evidence:
         text.append("\n    evidence: ", style="dim")
         text.append(f.evidence)

@@ -11,6 +11,9 @@ from orchestrator.remote.agent import call_agent
 from orchestrator.remote.pool import FanOut, HostPool
 
 LIBRARY_MARKERS = ("site-packages", "dist-packages", "/lib/python", "<frozen")
+# ddpctl's rank wrapper and the runpy frames it runs the script through: the same on every rank
+# but at a per-host path, so they are left out of the stacks (and of their grouping).
+WRAPPER_FRAMES = ("rankwrap.py", "runpy.py", "<frozen runpy>")
 
 
 @dataclass(frozen=True)
@@ -98,7 +101,8 @@ def parse_host(host: str, result: Mapping[str, Any]) -> list[RankStack]:
     stacks = []
     for w in result.get("ranks", []):
         frames = tuple(Frame(str(f.get("name")), str(f.get("file")), str(f.get("short_file") or f.get("file")),
-                             int(f.get("line") or 0)) for f in main_thread(w.get("threads") or []))
+                             int(f.get("line") or 0)) for f in main_thread(w.get("threads") or [])
+                       if not str(f.get("file")).endswith(WRAPPER_FRAMES))
         error = w.get("error") or (None if "threads" in w else result.get("error"))
         stacks.append(RankStack(host, int(w["rank"]), int(w.get("local_rank", -1)), int(w["pid"]),
                                 frames, error))

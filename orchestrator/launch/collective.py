@@ -36,7 +36,7 @@ def run_collective(job: Job, backend: Backend, name: str, program: InlineProgram
                   rendezvous=Rendezvous(job.rendezvous.master_addr, job.rendezvous.master_port, "static"))
     out = Collected()
     options = LaunchOptions(grace=3.0, hang_timeout=deadline, on_hang="stop", dump_stacks_on_hang=False,
-                            runs_dir=runs_dir)
+                            runs_dir=runs_dir, checks=False)  # doctor has just run every check
     result = core.launch(job, backend, out, options, inline=program)
     assert out.plan is not None
     return CollectiveRun(result, out, out.plan)

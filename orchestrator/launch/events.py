@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from orchestrator.remote.wire import SuperviseResult
+from orchestrator.remote.wire import RankPhase, SuperviseResult
 
 
 @dataclass(frozen=True)
@@ -62,4 +62,13 @@ class Lost:
     reason: str
 
 
-BackendEvent = Started | Output | Alive | Problem | Reported | Exited | Lost
+@dataclass(frozen=True)
+class Milestone:
+    """A rank on the node started, entered or left init_process_group, or failed (its wrapper's
+    record): what the rendezvous watchdog and the root cause are built from."""
+
+    host: str
+    phase: RankPhase
+
+
+BackendEvent = Started | Output | Alive | Problem | Reported | Exited | Lost | Milestone

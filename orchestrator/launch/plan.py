@@ -38,14 +38,19 @@ class HostLaunch:
     program: tuple[str, ...]  # script (or -m module) + the job's args
     env: Mapping[str, str]
     cwd: str
+    wrapped: bool = False  # each rank starts through the node's rank wrapper (node_agent/rankwrap.py)
 
-    def argv(self, log_dir: str | None = None) -> list[str]:
+    def argv(self, log_dir: str | None = None, wrapper: str | None = None) -> list[str]:
+        """The command the node runs (its supervisor adds its own log dir and wrapper path)."""
         extra = ["--log-dir", log_dir] if log_dir else []
+        extra += [wrapper] if wrapper and self.wrapped else []
         return [*self.launcher, *extra, *self.program]
 
-    def display(self, log_dir: str | None = None) -> str:
-        """The command as a shell line; log_dir is shown as given (it may start with ~)."""
+    def display(self, log_dir: str | None = None, wrapper: str | None = None) -> str:
+        """The command as a shell line; log_dir and wrapper are shown as given (they may start
+        with ~); the wrapper, where the ranks are wrapped, goes before the program."""
         extra = f" --log-dir {log_dir}" if log_dir else ""
+        extra += f" {wrapper}" if wrapper and self.wrapped else ""
         return shlex.join(self.launcher) + extra + " " + shlex.join(self.program)
 
     def rank_of(self, local_rank: int) -> int:
@@ -66,11 +71,11 @@ class LaunchPlan:
 
 
 def program_argv(job: Job, host: Host, inline: InlineProgram | None = None) -> list[str]:
-    """The script (or module, after torchrun's --module flag) and the job's own arguments; or an
-    inline program's full argv (torchrun runs it with --no-python)."""
+    """The script (or `-m module`, as the rank wrapper takes it) and the job's own arguments; or
+    an inline program's full argv (torchrun runs it with --no-python, unwrapped)."""
     if inline is not None:
         return list(inline.argv(host.python))
-    return [job.module or job.script or "", *job.args]
+    return [*(["-m", job.module] if job.module else [job.script or ""]), *job.args]
 
 
 def launcher_argv(job: Job, host: Host, node_rank: int, nproc: int, master_addr: str,
@@ -86,8 +91,6 @@ def launcher_argv(job: Job, host: Host, node_rank: int, nproc: int, master_addr:
     argv += ["--max-restarts", "0", "--tee", "3"]
     if inline:
         argv.append("--no-python")
-    elif job.module:
-        argv.append("--module")
     return argv
 
 
@@ -114,7 +117,7 @@ def build_plan(job: Job, job_id: str, nprocs: Mapping[str, int], master_port: in
             launcher=tuple(launcher_argv(job, host, rank, nproc, master_addr, master_port, job_id,
                                          inline=inline is not None)),
             program=tuple(program_argv(job, host, inline)), env=host_env(job, host, job_id),
-            cwd=job.workdir_for(host),
+            cwd=job.workdir_for(host), wrapped=inline is None,
         ))
     return LaunchPlan(job=job, job_id=job_id, master_addr=master_addr, master_port=master_port,
                       hosts=tuple(launches))

@@ -1,51 +1,92 @@
-"""Before launch: one facts round trip per host resolves nproc and the master port; stale holders
-of the port are freed. The facts are the same op doctor uses, with a narrower selection."""
+"""Before launch: one agent session per host (doctor's facts op and its TCP probe, with a
+narrower selection) resolves nproc and the master port, and runs the doctor checks that predict
+a failed or hung rendezvous. An error finding stops the launch before any rank starts; stale
+holders of the master port are freed."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass, field
 
-from inventory import ConfigError, Host, Job
+from inventory import ConfigError, Job
+from orchestrator.doctor.checks import run_checks
+from orchestrator.doctor.context import from_job
+from orchestrator.doctor.gather import close_all, open_sessions, run_probe
+from orchestrator.doctor.model import CheckStatus, Finding, Observations, ProbeResults
 from orchestrator.errors import HostError, HostErrorKind, HostsFailed, LaunchBlocked
 from orchestrator.launch.master_port import Holder, judge
 from orchestrator.remote.agent import call_agent
 from orchestrator.remote.pool import HostPool
-from orchestrator.remote.transport import Transport
 from orchestrator.remote.wire import HostFacts, parse_report
 
 LAUNCH_FACTS = ("cpu_count", "gpu_count", "python", "workdir", "master_port", "free_port")
+# What the pre-launch checks read, on top of LAUNCH_FACTS (no torch import: it costs seconds).
+CHECK_FACTS = ("script", "resolution", "interfaces", "env", "hostname_resolution")
+# Doctor's checks that predict a launch that fails or hangs at the rendezvous.
+LAUNCH_CHECKS = ("workdir", "nproc", "firewall", "dns", "ifname")
+FACTS_TIMEOUT_S = 60.0
 
 
-def facts_request(job: Job, host: Host) -> dict[str, Any]:
-    port = job.rendezvous.master_port
-    is_master = host.name == job.master_host.name
-    return {"select": list(LAUNCH_FACTS), "python": host.python, "workdir": job.workdir_for(host),
-            "master_port": None if port == "auto" else port,
-            "check_port": is_master and port != "auto", "pick_port": is_master and port == "auto"}
+class ChecksFailed(LaunchBlocked):
+    """A pre-launch check found an error: no rank was started."""
+
+    def __init__(self, findings: list[Finding]) -> None:
+        self.findings = findings
+        errors = [f for f in findings if f.status == CheckStatus.FAIL]
+        super().__init__("pre-launch checks failed (nothing was started):\n" + "\n".join(
+            f"[{f.check}] {f.host or 'all hosts'}: {f.message}" + (f"\n  fix: {f.fix}" if f.fix else "")
+            for f in errors))
 
 
-def gather(job: Job, pool: HostPool) -> dict[str, HostFacts]:
-    """Every host's launch facts, in parallel; a missing interpreter or workdir stops here."""
+@dataclass(frozen=True)
+class Preflight:
+    """The launch round trip's answer: every host's facts, the checks' findings, its timing."""
 
-    def one(transport: Transport) -> HostFacts:
-        sent = time.time()
-        r = call_agent(transport, "facts", facts_request(job, transport.host), timeout=60).result
-        return HostFacts(transport.host.name, r.get("facts") or {}, r.get("errors") or {}, sent, time.time())
+    facts: dict[str, HostFacts]
+    findings: list[Finding] = field(default_factory=list)
+    phases: dict[str, float] = field(default_factory=dict)  # facts_s, probe_s, checks_s
 
-    fan = pool.map(job.hosts, one)
-    if fan.failed:
-        raise HostsFailed("pre-flight", list(fan.failed.values()))
+    @property
+    def errors(self) -> list[Finding]:
+        return [f for f in self.findings if f.status == CheckStatus.FAIL]
+
+    @property
+    def warnings(self) -> list[Finding]:
+        return [f for f in self.findings if f.status == CheckStatus.WARN]
+
+
+def gather(job: Job, pool: HostPool, checks: bool = True) -> Preflight:
+    """Every host's launch facts in one agent session per host, and (checks) the TCP probe of the
+    master port and between the hosts, then the launch checks. A host that cannot be reached, a
+    missing interpreter or (without checks) a missing workdir stops here."""
+    started = time.monotonic()
+    ctx = from_job(job, timeout_s=FACTS_TIMEOUT_S)
+    probe = checks and len(job.hosts) > 1
+    fan = open_sessions(pool, ctx, probe, LAUNCH_FACTS + (CHECK_FACTS if checks else ()))
+    gathered = time.monotonic()
+    try:
+        if fan.failed:
+            raise HostsFailed("pre-flight", list(fan.failed.values()))
+        probes = run_probe(ctx, fan.succeeded) if probe else ProbeResults()
+    finally:
+        close_all([o.session for o in fan.succeeded.values()])  # frees the probe's listeners
+    probed = time.monotonic()
+    facts = {name: o.facts for name, o in fan.succeeded.items()}
+    findings = run_checks(Observations(ctx, facts, {}, probes), LAUNCH_CHECKS) if checks else []
+    pre = Preflight(facts, findings, {"facts_s": gathered - started, "probe_s": probed - gathered,
+                                      "checks_s": time.monotonic() - probed})
+    if pre.errors:
+        raise ChecksFailed(pre.findings)
     for host in job.hosts:
-        facts = fan.succeeded[host.name]
-        if not facts.python_found:
+        hf = facts[host.name]
+        if not hf.python_found:
             raise HostError(host.name, HostErrorKind.AGENT, f"interpreter {host.python} not found",
                             f"install torch there or set python = ... for {host.name} in the inventory")
-        if not facts.workdir_exists:
+        if not hf.workdir_exists:
             raise HostError(host.name, HostErrorKind.AGENT, f"workdir {job.workdir_for(host)} does not exist",
                             "create it (or sync the code there) or set workdir in the inventory")
-    return fan.succeeded
+    return pre
 
 
 def resolve_nprocs(job: Job, facts: dict[str, HostFacts]) -> dict[str, int]:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import enum
 import json
+import re
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -45,6 +47,32 @@ class HostRun:
         return self.ended_at - self.started_at if self.ended_at and self.started_at else None
 
 
+# Errors a rank gets because a peer died first: never the root cause while another error exists.
+CONSEQUENCE = re.compile(
+    r"Connection closed by peer|Connection reset by peer|Broken pipe|remote process exited|"
+    r"DistNetworkError|DistBackendError|SIGTERM|KeyboardInterrupt|Socket Timeout|timed out", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class RankFailure:
+    """One rank's error and where it ran."""
+
+    host: str
+    node_rank: int
+    error: RankError
+
+    @property
+    def consequence(self) -> bool:
+        """The error reads like a peer's death (closed connection, collective timeout)."""
+        return bool(CONSEQUENCE.search(f"{self.error.kind} {self.error.message}"))
+
+
+def root_cause(failures: Sequence[RankFailure]) -> RankFailure | None:
+    """The rank that failed first in time, preferring errors that are not a peer's death (host
+    clocks differ by milliseconds; a peer's 'connection closed' is never the cause)."""
+    return min(failures, key=lambda f: (f.consequence, f.error.timestamp or float("inf")), default=None)
+
+
 @dataclass
 class RunResult:
     job_id: str
@@ -55,6 +83,8 @@ class RunResult:
     interrupted: bool = False
     nprocs: dict[str, int] = field(default_factory=dict)
     hung: bool = False
+    root_cause: RankFailure | None = None  # the first rank error in time, on a failed run
+    cause: str | None = None  # the rendezvous watchdog's diagnosis, when it stopped the job
 
     @property
     def ok(self) -> bool:
@@ -72,6 +102,8 @@ def write_summary(plan: LaunchPlan, result: RunResult) -> Path:
         "interrupted": result.interrupted, "master": f"{plan.master_addr}:{plan.master_port}",
         "world_size": plan.world_size,
         "first_failure": result.first_failure.host if result.first_failure else None,
+        "root_cause": asdict(result.root_cause) if result.root_cause else None,
+        "cause": result.cause,
         "hosts": [dict(asdict(r), state=r.state.value, duration_s=r.duration_s,
                        env=mask_env(plan.hosts[r.node_rank].env), tail=r.tail[-10:])
                   for r in result.hosts],

@@ -7,16 +7,30 @@ import contextlib
 import json
 import queue
 import re
+import signal
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
 from orchestrator.launch.backends.base import Backend
-from orchestrator.launch.events import Alive, BackendEvent, Exited, Lost, Output, Problem, Reported, Started
+from orchestrator.launch.events import (
+    Alive,
+    BackendEvent,
+    Exited,
+    Lost,
+    Milestone,
+    Output,
+    Problem,
+    Reported,
+    Started,
+)
 from orchestrator.launch.observer import Observer
 from orchestrator.launch.options import LaunchOptions
 from orchestrator.launch.plan import HostLaunch, LaunchPlan
-from orchestrator.launch.result import HostRun, HostState, RunResult, write_summary
+from orchestrator.launch.result import HostRun, HostState, RankFailure, RunResult, root_cause, write_summary
+from orchestrator.launch.watchdog import Rendezvous
+from orchestrator.remote.wire import RankError
 
 CHECK_EVERY = 0.5  # how often silent hosts and hangs are looked for
 LOST_AFTER = 15.0  # no line or heartbeat from a host for this long: the host is lost
@@ -30,6 +44,20 @@ def split_rank(launch: HostLaunch, text: str, c10d: bool) -> tuple[str | None, s
         return None, text
     local = int(m.group("local"))
     return (f"local{local}" if c10d else str(launch.rank_of(local))), m.group("text")
+
+
+@contextlib.contextmanager
+def interrupts_ignored() -> Iterator[None]:
+    """SIGINT ignored for the block (main thread only; elsewhere there is no signal to mind)."""
+    try:
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 class Supervision:
@@ -52,6 +80,10 @@ class Supervision:
         self.hang_dumped = False
         self.hung = False
         self.c10d = plan.job.rendezvous.backend == "c10d"
+        self.failures: list[RankFailure] = []  # every rank error, as it is reported
+        timeout = options.join_timeout if options.join_timeout is not None else plan.job.rendezvous.join_timeout
+        self.rendezvous = Rendezvous(plan, timeout) if timeout and all(hl.wrapped for hl in plan.hosts) else None
+        self.cause: str | None = None  # what the watchdog diagnosed
 
     # -- control ----------------------------------------------------------------------------
     def stop_all(self, force: bool, reason: str) -> None:
@@ -78,10 +110,19 @@ class Supervision:
         elif isinstance(event, Started):
             run.state, run.started_at, run.remote_log = HostState.RUNNING, time.time(), event.log
             self.cb.on_state(run)
+            if self.rendezvous is not None:
+                self.rendezvous.started(event.host)
+        elif isinstance(event, Milestone):
+            if self.rendezvous is not None:
+                self.rendezvous.saw(event.host, event.phase)
+            if event.phase.error is not None:
+                self._rank_failed(run, event.phase.error)
         elif isinstance(event, Reported):
             run.stop_reason, run.first_error, run.nccl = (event.result.stop_reason, event.result.first_error,
                                                           event.result.nccl)
             run.error = event.result.error or run.error
+            for error in event.result.rank_errors:
+                self._rank_failed(run, error)
         elif isinstance(event, Problem):
             run.error = event.message
         elif isinstance(event, Lost):
@@ -97,6 +138,12 @@ class Supervision:
         self.logs[run.host].write(text + "\n")
         run.tail = [*run.tail[-29:], text]
         self.cb.on_line(run.host, rank, shown)
+
+    def _rank_failed(self, run: HostRun, error: RankError) -> None:
+        """Keep each rank's error once (live from its milestone, again in the closing report)."""
+        key = (run.host, error.local_rank, error.timestamp)
+        if all((f.host, f.error.local_rank, f.error.timestamp) != key for f in self.failures):
+            self.failures.append(RankFailure(run.host, run.node_rank, error))
 
     def _mark_lost(self, run: HostRun, why: str) -> None:
         if run.done:
@@ -139,6 +186,19 @@ class Supervision:
         if self.options.on_hang == "stop":
             self.stop_all(False, "stopping the hung job on every host (--on-hang=stop)")
 
+    def _check_rendezvous(self) -> None:
+        """The watchdog: ranks that have not all joined within the bound are a rendezvous that
+        will not complete. Re-probe the master port from every node, say why, stop the job."""
+        rdzv = self.rendezvous
+        if rdzv is None or self.stop_sent or not rdzv.overdue(time.monotonic()):
+            return
+        self.cb.on_notice(f"the ranks have not all joined {rdzv.timeout:.0f}s after torchrun started "
+                          "on every host: re-probing the master port from every host")
+        reach = self.backend.reach(self.plan)
+        self.cause = rdzv.diagnose(reach, {name: run.tail for name, run in self.runs.items()})
+        self.stop_all(False, "the rendezvous will not complete: stopping the job on every host (the cause "
+                             "is in the summary)")
+
     def dump_stacks(self, why: str) -> None:
         """Every rank's stack into the run directory, and the collapsed summary to the user."""
         from orchestrator.hostops.stacks import report_json, report_text
@@ -169,6 +229,7 @@ class Supervision:
                     if time.monotonic() >= next_check:  # on a timer: busy hosts must not starve it
                         next_check = time.monotonic() + CHECK_EVERY
                         self._check_silence()
+                        self._check_rendezvous()
                         self._check_hang()
                 except KeyboardInterrupt:
                     interrupts += 1
@@ -179,18 +240,23 @@ class Supervision:
                     else:
                         self.stop_all(True, "interrupted again: killing the job on every host")
         finally:
-            self.backend.close()
-            for f in self.logs.values():
-                f.close()
-        return self._result(interrupted=interrupts > 0)
+            with interrupts_ignored():  # the job is over: a late Ctrl-C must not lose its summary
+                self.backend.close()
+                for f in self.logs.values():
+                    f.close()
+        with interrupts_ignored():
+            return self._result(interrupted=interrupts > 0)
 
     def _result(self, interrupted: bool) -> RunResult:
         runs = list(self.runs.values())
-        ok = all(r.exit_code == 0 for r in runs) and not interrupted and not self.hung
+        ok = all(r.exit_code == 0 for r in runs) and not interrupted and not self.hung and not self.cause
         code = 0 if ok else (130 if interrupted else 1)
-        if len(runs) == 1 and runs[0].exit_code not in (None, 0) and not interrupted:
+        if len(runs) == 1 and runs[0].exit_code not in (None, 0) and not interrupted and not self.cause:
             code = runs[0].exit_code or 1  # a single host: torchrun's own exit code
-        result = RunResult(self.plan.job_id, self.run_dir, runs, code, self.first_failure, interrupted,
-                           {hl.host.name: hl.nproc for hl in self.plan.hosts}, self.hung)
+        root = root_cause(self.failures)
+        first = self.runs[root.host] if root is not None and not ok else self.first_failure
+        result = RunResult(self.plan.job_id, self.run_dir, runs, code, first, interrupted,
+                           {hl.host.name: hl.nproc for hl in self.plan.hosts}, self.hung,
+                           root if not ok else None, self.cause)
         write_summary(self.plan, result)
         return result

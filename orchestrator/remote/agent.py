@@ -32,6 +32,8 @@ class F(importlib.abc.MetaPathFinder, importlib.abc.Loader):
             return importlib.util.spec_from_loader(name, self, is_package=srcs[name][0])
     def create_module(self, spec):
         return None
+    def get_source(self, name):
+        return srcs[name][1]
     def exec_module(self, m):
         pkg, src = srcs[m.__name__]
         if pkg:

@@ -175,13 +175,47 @@ class HostFacts:
 
 @dataclass(frozen=True)
 class RankError:
-    """A rank's torchelastic error file: its exception and traceback."""
+    """The exception that ended a rank, from ddpctl's rank wrapper (or torchelastic's error file
+    where the script uses @record), with its traceback and when (the host's clock) it happened."""
 
     local_rank: int | str | None
     message: str
     traceback: str
     timestamp: float | None
     file: str | None
+    rank: int | None = None  # the global rank (RANK), when the wrapper recorded it
+    kind: str = ""  # the exception's type name ("" from an error file: it is in the message)
+
+    @property
+    def summary(self) -> str:
+        """`RuntimeError: boom` (or the error file's message, which already reads so)."""
+        return f"{self.kind}: {self.message}" if self.kind and not self.message.startswith(self.kind) \
+            else self.message
+
+
+def parse_rank_error(e: Mapping[str, Any]) -> RankError:
+    rank = _int_or_none(e.get("rank"))
+    return RankError(e.get("local_rank"), str(e.get("message") or ""), str(e.get("traceback") or ""),
+                     e.get("timestamp", e.get("time")), e.get("file"),
+                     rank if rank is not None and rank >= 0 else None, str(e.get("type") or ""))
+
+
+@dataclass(frozen=True)
+class RankPhase:
+    """A rank's milestone, as its wrapper recorded it: started, init, joined, or error."""
+
+    local_rank: int | None
+    rank: int | None
+    phase: str
+    time: float | None
+    error: RankError | None  # with phase "error"
+
+
+def parse_rank_phase(fields: Mapping[str, Any]) -> RankPhase:
+    rank = _int_or_none(fields.get("rank"))
+    phase = str(fields.get("phase") or "")
+    return RankPhase(_int_or_none(fields.get("local_rank")), rank if rank is not None and rank >= 0 else None,
+                     phase, fields.get("time"), parse_rank_error(fields) if phase == "error" else None)
 
 
 @dataclass(frozen=True)
@@ -205,6 +239,7 @@ class SuperviseResult:
     nccl: NcclChoice | None
     error: str | None  # the agent itself failed
     log: str | None
+    rank_errors: tuple[RankError, ...] = ()  # every rank error on the host, earliest first
 
 
 def _strs(value: Any) -> tuple[str, ...]:
@@ -213,16 +248,16 @@ def _strs(value: Any) -> tuple[str, ...]:
 
 def parse_supervise(r: Mapping[str, Any]) -> SuperviseResult:
     fe = r.get("first_error")
-    first = None if not isinstance(fe, Mapping) else RankError(
-        fe.get("local_rank"), str(fe.get("message") or ""), str(fe.get("traceback") or ""),
-        fe.get("timestamp"), fe.get("file"))
+    first = parse_rank_error(fe) if isinstance(fe, Mapping) else None
+    errors = tuple(parse_rank_error(e) for e in r.get("rank_errors") or () if isinstance(e, Mapping))
     n = r.get("nccl")
     nccl = None if not isinstance(n, Mapping) else NcclChoice(
         _strs(n.get("files")), _strs(n.get("networks")), _strs(n.get("interfaces")),
         _strs(n.get("bootstrap")), _strs(n.get("transports")))
     err = r.get("error")
     error = str(err.get("message")) if isinstance(err, Mapping) else (str(err) if err else None)
-    return SuperviseResult(_int_or_none(r.get("exit_code")), r.get("stop_reason"), first, nccl, error, r.get("log"))
+    return SuperviseResult(_int_or_none(r.get("exit_code")), r.get("stop_reason"), first, nccl, error,
+                           r.get("log"), errors)
 
 
 @dataclass(frozen=True)

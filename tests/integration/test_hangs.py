@@ -64,13 +64,13 @@ def test_hang_timeout_dumps_stacks_then_stops_the_job_with_nothing_left(cluster2
     wait_for(lambda: no_job_processes(cluster2, summary["job_id"]), 30, "no process of the hung job left")
 
 
-def test_rank_failure_summary_shows_the_real_traceback_from_its_error_file(
+def test_rank_failure_summary_shows_the_real_traceback_of_the_first_failing_rank(
         cluster2: Cluster, tmp_path: Path) -> None:
     job = write_job(tmp_path, cluster2, "crash", ["--epochs", "100", "--fail-rank", "2", "--fail-at-step", "2"])
     out = run_ddpctl("up", str(job), "--runs-dir", str(tmp_path / "runs"), *ssh_args(cluster2))
     assert out.returncode != 0
-    assert "first failure: node1 (node_rank 1)" in out.stderr
-    assert "rank 2 (local rank 0): RuntimeError: injected failure: rank 2 at step 2" in out.stderr
+    assert "first failure: rank 2 on node1 (node_rank 1, local rank 0): RuntimeError: injected failure: " \
+           "rank 2 at step 2" in out.stderr
     assert "Traceback (most recent call last)" in out.stderr
     assert "error_file: <N/A>" not in out.stderr
 

@@ -69,6 +69,9 @@ def test_down_by_job_file_and_unknown_jobs(tmp_path: Path, state_root: Path) -> 
         for pid in live_job_pids(job_id):
             os.kill(pid, 9)
     nothing = run_ddpctl("down", "no-such-job-123")
-    assert nothing.returncode == 0 and "no running process of no-such-job-123" in nothing.stdout
+    assert nothing.returncode == 1
+    assert "job no-such-job-123: no host has it running (checked 1 host: localhost)" in nothing.stderr
+    assert "`ddpctl ps`" in nothing.stderr and "Traceback" not in nothing.stderr
     nologs = run_ddpctl("logs", "no-such-job-123")
-    assert nologs.returncode == 1 and "no logs of no-such-job-123" in nologs.stderr
+    assert nologs.returncode == 1
+    assert "job no-such-job-123: no host has a log of it (checked 1 host: localhost)" in nologs.stderr

@@ -73,3 +73,28 @@ def test_a_running_job_on_the_master_port_is_not_killed_as_stale(
         for pid in job_pids(job_id):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_a_second_ctrl_c_after_the_job_ended_still_exits_130(tmp_path: Path) -> None:
+    import subprocess
+
+    from tests.ddpctl_run import ddpctl_argv
+
+    job = write_job(tmp_path, None, "twice", ["--epochs", "100000"])
+    err = tmp_path / "err.txt"
+    with err.open("w") as stderr:
+        proc = subprocess.Popen(ddpctl_argv("up", str(job), "--runs-dir", str(tmp_path / "runs"), "--grace", "2"),
+                                stdout=subprocess.PIPE, stderr=stderr, text=True)
+    try:
+        assert proc.stdout is not None
+        wait_for(lambda: "epoch=" in (proc.stdout.readline() or "epoch="), 120, "a rank to print")
+        proc.send_signal(signal.SIGINT)
+        wait_for(lambda: "failed (exit 130)" in err.read_text() or proc.poll() is not None, 60, "the job to end")
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGINT)  # the job is over: this one must not change the exit
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err.read_text()[-2000:]
+    assert only_summary(tmp_path / "runs")["interrupted"] is True

@@ -43,6 +43,7 @@ def clean_facts(i: int) -> dict[str, Any]:
                     "total_bytes": 100 << 30, "writable": True},
         "script": {"path": "/srv/job/train.py", "exists": True, "sha256": "a" * 64},
         "infiniband": [],
+        "cpu_count": 16,
         "memlock": {"soft": 65536, "hard": 65536},
         "env": {},
         "master_port": {"port": 29500, "bindable": True, "owners": []},

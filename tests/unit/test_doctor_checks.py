@@ -182,6 +182,11 @@ def test_master_port(master_port: int | None, owners: Any, bindable: bool, statu
 DUMMY_VIRBR = {"name": "virbr0", "up": True,
                "addresses": [{"family": "inet", "address": "192.168.122.1", "prefixlen": 24}]}
 ETH1_DOWN = {"name": "eth1", "up": False, "addresses": []}
+DOCKER0 = {"name": "docker0", "up": True,
+           "addresses": [{"family": "inet", "address": "172.17.0.1", "prefixlen": 16}]}
+# A second NIC on the cluster's own subnet: it reaches the master too.
+ETH1_UP_ROUTED = {"name": "eth1", "up": True,
+                  "addresses": [{"family": "inet", "address": "198.18.0.111", "prefixlen": 24}]}
 
 
 def with_iface(extra: dict[str, Any], i: int = 1) -> dict[str, Any]:
@@ -194,7 +199,11 @@ def with_iface(extra: dict[str, Any], i: int = 1) -> dict[str, Any]:
     ({"NCCL_SOCKET_IFNAME": "ens"}, {}, FAIL, "matches no interface"),
     ({"NCCL_SOCKET_IFNAME": "=eth"}, {}, FAIL, "matches no interface"),
     ({"NCCL_SOCKET_IFNAME": "eth1"}, with_iface(ETH1_DOWN), FAIL, "none is up"),
-    ({"NCCL_SOCKET_IFNAME": "^eth"}, {}, WARN, "reaches the master via eth0"),
+    ({"NCCL_SOCKET_IFNAME": "^eth"}, {}, FAIL, "NCCL bootstraps over lo, which does not route"),
+    ({"NCCL_SOCKET_IFNAME": "^lo"}, with_iface(DOCKER0), FAIL, "docker0 does not route to the master 198.18.0.10"),
+    ({"NCCL_SOCKET_IFNAME": "^lo"}, with_iface(DOCKER0), FAIL, "replaces NCCL's default skipping"),
+    ({"NCCL_SOCKET_IFNAME": "^lo"}, with_iface(ETH1_UP_ROUTED), OK, "selects eth0, eth1"),
+    ({"NCCL_SOCKET_IFNAME": "docker0"}, with_iface(DOCKER0), FAIL, "bootstraps over docker0"),
     ({"NCCL_SOCKET_IFNAME": "e"}, {}, WARN, "one character"),
     ({}, {}, INFO, "NCCL_SOCKET_IFNAME is unset; the master is reached via eth0"),
     ({}, with_iface(DUMMY_VIRBR), WARN, "would also use virbr0"),
@@ -217,6 +226,10 @@ def test_the_master_suggests_its_real_interface_not_lo() -> None:
 @pytest.mark.parametrize(("env", "changes", "status", "text"), [
     ({"GLOO_SOCKET_IFNAME": "eth0"}, {}, OK, "up with an address"),
     ({"GLOO_SOCKET_IFNAME": "eth9"}, {}, FAIL, "no interface eth9"),
+    ({"GLOO_SOCKET_IFNAME": "docker0"}, with_iface(DOCKER0), FAIL,
+     "docker0 (172.17.0.1/16) does not route to the master 198.18.0.10"),
+    ({"GLOO_SOCKET_IFNAME": "eth0,docker0"}, with_iface(DOCKER0), FAIL, "docker0 (172.17.0.1/16) does not"),
+    ({"GLOO_SOCKET_IFNAME": "eth1"}, with_iface(ETH1_UP_ROUTED), OK, "up with an address"),
     ({"GLOO_SOCKET_IFNAME": "eth1"}, with_iface(ETH1_DOWN), FAIL, "down"),
     ({}, {"hostname_resolution": [{"family": "inet", "address": "127.0.1.1"}]}, WARN,
      "resolves to 127.0.1.1"),
@@ -291,3 +304,56 @@ def test_a_crashing_check_becomes_a_fail_finding() -> None:
     findings = run_check("broken", broken, observe())
     assert [(f.check, f.status, f.host) for f in findings] == [("broken", FAIL, None)]
     assert "KeyError" in findings[0].message
+
+
+@pytest.mark.parametrize(("backend", "resolved", "status"), [
+    ("c10d", [], FAIL),
+    ("c10d", [{"family": "inet", "address": "198.18.0.11"}], OK),
+    ("static", [], OK),  # the static rendezvous dials master_addr only
+])
+def test_c10d_needs_each_host_to_resolve_its_own_hostname(backend: str, resolved: list[dict[str, str]],
+                                                           status: CheckStatus) -> None:
+    obs = observe({1: {"hostname": "gpu-7", "hostname_resolution": resolved}},
+                  {1: {"hostname_resolution": "gaierror: [Errno -3] Temporary failure"}} if not resolved else None,
+                  rdzv_backend=backend)
+    findings = names.check(obs)
+    assert worst(findings, "node1") == status
+    if status == FAIL:
+        f = next(f for f in findings if f.status == FAIL)
+        assert "hostname gpu-7 of node1 does not resolve" in f.message
+        assert "Temporary failure" in f.evidence
+        assert "add `198.18.0.11 gpu-7` to /etc/hosts" in f.fix
+
+
+def test_unresolvable_master_addr_fix_names_the_address_other_hosts_found() -> None:
+    obs = observe({1: {"resolution": {}}}, {1: {"resolution": "gaierror: Name or service not known"}},
+                  master_addr="master.cluster")
+    f = next(f for f in names.check(obs) if f.host == "node1" and f.status == FAIL)
+    assert "<" not in f.fix and "198.18.0.10 master.cluster" in f.fix
+
+
+@pytest.mark.parametrize(("spec", "changes", "status", "text"), [
+    (2, {}, OK, "2 rank(s) on 16 CPU(s), 2 GPU(s)"),
+    (4, {}, WARN, "more than the 2 GPU(s) of node1"),
+    (20, {"gpus": None}, WARN, "more than the 16 CPU(s)"),
+    (100_000, {"gpus": None}, FAIL, "would start 100000 ranks on node1"),
+    (3, {"gpus": None, "gpu_count": 4}, OK, "3 rank(s)"),  # the launch's gpu_count wins
+    ("gpu", {}, OK, "2 rank(s) (nproc_per_node = gpu)"),
+    ("gpu", {"gpus": None}, None, ""),  # no GPU: the gpu check reports it
+])
+def test_nproc_against_the_hosts_cpus_and_gpus(spec: object, changes: dict[str, Any],
+                                               status: CheckStatus | None, text: str) -> None:
+    findings = [f for f in node.check_nproc(observe({1: changes}, nproc_per_node=spec)) if f.host == "node1"]
+    if status is None:
+        assert findings == []
+        return
+    assert (findings[0].status, text in findings[0].message) == (status, True), findings
+
+
+def test_master_addr_that_is_not_the_master_hosts_own_address_is_named() -> None:
+    routed = {"resolution": {"master": [{"family": "inet", "address": "198.18.0.10"}],
+                             "routes": {"198.18.0.10": {"dev": "eth0", "src": "198.18.0.10", "type": None}}}}
+    f = next(f for f in names.check(observe({0: routed})) if f.host == "node0" and f.status == WARN)
+    assert "master_addr 198.18.0.10 is not an address of node0" in f.message
+    assert "node0 routes 198.18.0.10 via eth0" in f.evidence
+    assert all(f.status != WARN for f in names.check(observe()))

@@ -33,8 +33,10 @@ def test_hostfile_hosts_slots_comments(tmp_path: Path) -> None:
     [
         ("a slots=4\nb slot=4\n", 2, 'unknown hostfile key "slot"', 'did you mean "slots"?'),
         ("a slots=4\nb gpus=4\n", 2, 'unknown hostfile key "gpus"', "known keys: slots"),
-        ("a slots=four\n", 1, 'slots must be a whole number >= 1, got "four"', "slots=4"),
-        ("a slots=0\n", 1, "slots must be a whole number >= 1", "slots=4"),
+        ("a slots=four\n", 1, 'slots must be a whole number from 1 to 1024, got "four"', "slots=4"),
+        ("a slots=0\n", 1, "slots must be a whole number from 1 to 1024", "slots=4"),
+        ("a slots=1025\n", 1, 'slots must be a whole number from 1 to 1024, got "1025"', "slots=4"),
+        ("a slots=\u00b2\n", 1, 'slots must be a whole number from 1 to 1024, got "\u00b2"', "slots=4"),
         ("a 4\n", 1, 'expected key=value after the host name, got "4"', "slots=N"),
         ("a slots=2\n\n# x\na slots=3\n", 4, 'host "a" is listed twice (lines 1 and 4)', None),
         ("a slots=4 max_slots=2\n", 1, "max_slots=2 is smaller than slots=4", None),

@@ -200,3 +200,16 @@ def test_parse_env_assignment_errors(text: str, message: str) -> None:
     assert message in info.value.message
     assert info.value.key == "--env"
     assert str(info.value).startswith("option --env: ")
+
+
+def test_rendezvous_join_timeout_is_read_and_bounded(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text("")
+    job = tmp_path / "job.toml"
+    job.write_text('[job]\nname = "j"\nscript = "train.py"\n[rendezvous]\njoin_timeout = 30\n')
+    assert load_job(job).rendezvous.join_timeout == 30.0
+    job.write_text('[job]\nname = "j"\nscript = "train.py"\n')
+    assert load_job(job).rendezvous.join_timeout == 120.0
+    job.write_text('[job]\nname = "j"\nscript = "train.py"\n[rendezvous]\njoin_timeout = -1\n')
+    with pytest.raises(ConfigError) as err:
+        load_job(job)
+    assert (err.value.key, err.value.line) == ("rendezvous.join_timeout", 5)

@@ -159,7 +159,7 @@ BAD_INVENTORIES = [
         "-1 is out of range",
         "hosts[0].gpus",
         "gpus = -1",
-        "at least 0",
+        "between 0 and 1024",
     ),
     (
         "env-int",

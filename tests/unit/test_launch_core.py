@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,13 +15,13 @@ import pytest
 from inventory import Host, Inventory, Job, Rendezvous
 from orchestrator.hostops.stacks import StacksReport
 from orchestrator.launch import core
-from orchestrator.launch.backends.base import DetachReport, Emit, Notice, Resolved
-from orchestrator.launch.events import Alive, BackendEvent, Exited, Lost, Output, Reported, Started
+from orchestrator.launch.backends.base import DetachReport, Emit, Notice, Reach, Resolved
+from orchestrator.launch.events import Alive, BackendEvent, Exited, Lost, Milestone, Output, Reported, Started
 from orchestrator.launch.inline import InlineProgram
 from orchestrator.launch.observer import Collected
 from orchestrator.launch.options import LaunchOptions
 from orchestrator.launch.plan import LaunchPlan
-from orchestrator.remote.wire import RankError, SuperviseResult
+from orchestrator.remote.wire import RankError, RankPhase, SuperviseResult
 
 A = Host(name="a", address="198.18.0.1", python="/opt/py/bin/python")
 B = Host(name="b", address="198.18.0.2")
@@ -45,6 +46,8 @@ class ScriptedBackend:
     closed: bool = False
     plan: LaunchPlan | None = None
     stopped: threading.Event = field(default_factory=threading.Event)
+    reachable: dict[str, Reach] = field(default_factory=dict)
+    reached: int = 0
 
     def resolve(self, job: Job, options: LaunchOptions, notice: Notice, settle: bool) -> Resolved:
         notice(f"resolved (settle={settle})")
@@ -70,18 +73,32 @@ class ScriptedBackend:
     def stacks(self, plan: LaunchPlan) -> StacksReport:
         return StacksReport(plan.job_id)
 
+    def reach(self, plan: LaunchPlan) -> dict[str, Reach]:
+        self.reached += 1
+        return self.reachable
+
 
 def emit_all(emit: Emit, events: Sequence[BackendEvent]) -> None:
     for event in events:
         emit(event)
 
 
-def launch(script: Script, tmp_path: Path, job: Job | None = None) -> tuple[core.RunResult, Collected,
-                                                                             ScriptedBackend]:
-    backend = ScriptedBackend(script)
+def launch(script: Script, tmp_path: Path, job: Job | None = None, join_timeout: float | None = None,
+           backend: ScriptedBackend | None = None) -> tuple[core.RunResult, Collected, ScriptedBackend]:
+    backend = backend or ScriptedBackend(script)
     out = Collected()
-    result = core.launch(job or make_job(), backend, out, LaunchOptions(grace=1.0, runs_dir=tmp_path))
+    result = core.launch(job or make_job(), backend, out,
+                         LaunchOptions(grace=1.0, runs_dir=tmp_path, join_timeout=join_timeout))
     return result, out, backend
+
+
+def phase(host: str, local: int, rank: int, name: str, at: float = 0.0, error: RankError | None = None) -> Milestone:
+    return Milestone(host, RankPhase(local, rank, name, at, error))
+
+
+def until_stopped(b: ScriptedBackend, emit: Emit, code: int = 143) -> None:
+    b.stopped.wait(20)
+    emit_all(emit, [Exited("a", code), Exited("b", code)])
 
 
 def test_a_clean_run_maps_torchrun_prefixes_to_global_ranks_and_keeps_logs(tmp_path: Path) -> None:
@@ -168,3 +185,64 @@ def test_plan_job_passes_settle_to_the_backend(settle: bool) -> None:
     out = Collected()
     core.plan_job(make_job(), ScriptedBackend(lambda _b, _e: None), settle=settle, observer=out)
     assert out.notices == [f"resolved (settle={settle})"]
+
+
+def test_ranks_that_never_start_trip_the_watchdog_which_names_the_blocked_port(tmp_path: Path) -> None:
+    def script(b: ScriptedBackend, emit: Emit) -> None:
+        emit_all(emit, [Started("a"), Started("b"), phase("a", 0, -1, "started"), Output("b", "connecting...")])
+        until_stopped(b, emit)
+
+    backend = ScriptedBackend(script, reachable={"a": Reach(True, "ok"), "b": Reach(False, "timeout", "timed out")})
+    result, _out, _ = launch(script, tmp_path, join_timeout=0.5, backend=backend)
+    assert result.exit_code == 1 and backend.reached == 1
+    assert result.cause is not None
+    assert "torchrun's rendezvous at 198.18.0.1:29555 never completed" in result.cause
+    assert "a: 1 of 2 rank(s) started" in result.cause and "b: 0 of 2 rank(s) started" in result.cause
+    assert "TCP on the master port 29555 is blocked between a and b" in result.cause
+    assert "b last printed:\n    connecting..." in result.cause
+    assert backend.stops[0] == (("a", "b"), False)
+    assert json.loads((result.run_dir / "summary.json").read_text())["cause"] == result.cause
+
+
+def test_a_rank_still_busy_before_its_init_is_not_a_hang(tmp_path: Path) -> None:
+    def script(b: ScriptedBackend, emit: Emit) -> None:
+        emit_all(emit, [Started("a"), Started("b")] + [phase(h, i, 0, "started") for h in "ab" for i in (0, 1)]
+                 + [phase("a", 0, 0, "init"), phase("a", 1, 1, "init"), phase("b", 0, 2, "init")])
+        time.sleep(1.5)  # rank 3 loads its data for longer than the bound: nobody is judged
+        emit_all(emit, [phase("b", 1, 3, "init")] + [phase(h, i, 0, "joined") for h in "ab" for i in (0, 1)]
+                 + [Exited("a", 0), Exited("b", 0)])
+
+    result, _out, backend = launch(script, tmp_path, join_timeout=0.5)
+    assert result.exit_code == 0 and result.cause is None and backend.reached == 0
+
+
+def test_every_rank_stuck_in_init_trips_the_watchdog_and_a_clear_port_points_elsewhere(tmp_path: Path) -> None:
+    def script(b: ScriptedBackend, emit: Emit) -> None:
+        emit_all(emit, [Started("a"), Started("b")] + [phase(h, i, 0, p) for h in "ab" for i in (0, 1)
+                                                       for p in ("started", "init")] + [phase("a", 0, 0, "joined")])
+        until_stopped(b, emit)
+
+    backend = ScriptedBackend(script, reachable={"a": Reach(True, "ok"), "b": Reach(True, "ok")})
+    result, _out, _ = launch(script, tmp_path, join_timeout=0.5, backend=backend)
+    assert result.exit_code == 1 and result.cause is not None
+    assert "init_process_group" in result.cause and "a: 1 of 2 rank(s) returned" in result.cause
+    assert "answers from every host, so the block is elsewhere" in result.cause
+
+
+def test_the_root_cause_is_the_first_rank_error_in_time_not_the_first_host_to_exit(tmp_path: Path) -> None:
+    crash = RankError(1, "boom", "Traceback ...\nValueError: boom", 100.0, None, rank=3, kind="ValueError")
+    echo = RankError(0, "Connection closed by peer [198.18.0.2]:1234", "tb", 100.05, None, rank=0, kind="RuntimeError")
+    early_echo = RankError(1, "Connection reset by peer", "tb", 99.99, None, rank=1, kind="RuntimeError")
+
+    def script(b: ScriptedBackend, emit: Emit) -> None:
+        emit_all(emit, [Started("a"), Started("b"), phase("a", 0, 0, "error", 100.05, echo), Exited("a", 1)])
+        b.stopped.wait(20)
+        emit_all(emit, [Reported("b", SuperviseResult(1, None, crash, None, None, None, (crash,))),
+                        Reported("a", SuperviseResult(1, None, echo, None, None, None, (early_echo, echo))),
+                        Exited("b", 1)])
+
+    result, _out, _ = launch(script, tmp_path)
+    assert result.root_cause is not None
+    assert (result.root_cause.host, result.root_cause.error.rank) == ("b", 3)
+    assert result.first_failure is not None and result.first_failure.host == "b"
+    assert json.loads((result.run_dir / "summary.json").read_text())["root_cause"]["error"]["kind"] == "ValueError"

@@ -60,10 +60,11 @@ def test_node_ranks_follow_host_order() -> None:
     assert [hl.argv()[hl.argv().index("--node-rank") + 1] for hl in plan.hosts] == ["0", "1", "2"]
 
 
-def test_module_job_uses_module_flag_before_the_module_name() -> None:
+def test_module_job_runs_the_module_through_the_rank_wrapper() -> None:
     (hl,) = build_plan(make_job(hosts=(A,), module="pkg.train"), "t-1", {"a": 1}, 29500).hosts
-    argv = hl.argv("/logs")
-    assert argv[-6:] == ["--module", "--log-dir", "/logs", "pkg.train", "--lr", "0.1"]
+    argv = hl.argv("/logs", "/state/rankwrap.py")
+    assert argv[-7:] == ["--log-dir", "/logs", "/state/rankwrap.py", "-m", "pkg.train", "--lr", "0.1"]
+    assert "--module" not in argv and hl.wrapped
 
 
 def test_env_secrets_are_masked_and_job_id_is_set() -> None:

@@ -52,6 +52,19 @@ def test_parse_host_takes_the_main_thread() -> None:
     assert stack.frames == (Frame("train", "/w/train.py", "train.py", 9),)
 
 
+def test_the_rank_wrappers_frames_at_per_host_paths_do_not_split_groups() -> None:
+    def rank(rank: int, node: int) -> dict[str, object]:
+        frames = [{"name": "train", "file": "/w/train.py", "line": 9},
+                  {"name": "<module>", "file": "/w/train.py", "line": 20},
+                  {"name": "_run_code", "file": "<frozen runpy>", "line": 88},
+                  {"name": "run", "file": f"/home/u/.ddpctl/runs/j/node{node}/rankwrap.py", "line": 120}]
+        return {"rank": rank, "local_rank": 0, "pid": 10 + rank, "threads": [{"name": "MainThread", "frames": frames}]}
+
+    stacks = parse_host("node0", {"ranks": [rank(0, 0)]}) + parse_host("node1", {"ranks": [rank(1, 1)]})
+    (group,) = collapse(stacks)
+    assert [f.name for f in group.frames] == ["train", "<module>"]
+
+
 def test_report_text_names_files_and_lines() -> None:
     from orchestrator.hostops.stacks import StacksReport
 

@@ -13,6 +13,7 @@ CHECKS: tuple[tuple[str, Check], ...] = (
     ("ssh", ssh_check.check),
     ("python", node.check_python),
     ("gpu", node.check_gpu),
+    ("nproc", node.check_nproc),
     ("versions", agreement.check_versions),
     ("workdir", agreement.check_workdir),
     ("firewall", firewall.check),
@@ -32,8 +33,10 @@ def run_check(name: str, check: Check, obs: Observations) -> list[Finding]:
                      traceback.format_exc(limit=3), "this is a ddpctl bug: please report it")]
 
 
-def run_checks(obs: Observations) -> list[Finding]:
+def run_checks(obs: Observations, only: tuple[str, ...] | None = None) -> list[Finding]:
+    """Every check (or those named in `only`: the launch runs a few), in table order."""
     findings: list[Finding] = []
     for name, check in CHECKS:
-        findings += run_check(name, check, obs)
+        if only is None or name in only:
+            findings += run_check(name, check, obs)
     return findings

@@ -81,7 +81,8 @@ def check_workdir(obs: Observations) -> list[Finding]:
         out.append(warn(WORKDIR, host, f"{obs.ctx.script} on {host} differs from the other "
                         "hosts' copy (stale code?)",
                         "; ".join(f"{h}={d[:12]}" for h, d in digests.items()),
-                        f"sync the code to {host} (e.g. rsync -a ./ {host}:<workdir>/)"))
+                        f"sync the code to {host} (e.g. rsync -a ./ {host}:"
+                        f"{(obs.facts[host].get('workdir') or {}).get('path')}/)"))
     bad = {f.host for f in out if f.status.rank >= 3}
     good = [h for h in obs.facts if h not in bad]
     same = f", {obs.ctx.script} identical on all hosts" if digests and not odd else ""

@@ -60,14 +60,12 @@ def probe_findings(obs: Observations) -> list[Finding]:
         pairs = [f"{o.source} -> {o.target_host} {o.address}:{o.port}: {o.kind}" for o in bad]
         peers = sorted({o.source if o.target_host == host else o.target_host for o in bad})
         ports = sorted({o.port for o in bad})
-        subnet = subnet_of(obs.facts.get(host), _addr(obs, host))
         what = "the master port" if purpose == "master_port" else "ephemeral ports (NCCL/Gloo)"
         hf = obs.facts.get(host)
         rules = static_evidence(hf, obs.ctx.master_port) if hf else []
         out.append(fail(CHECK, host, f"TCP on {what} {listing(map(str, ports))} is blocked "
                         f"between {host} and {listing(peers)}", "; ".join(pairs + rules),
-                        f"on {host}: sudo ufw allow from {subnet} (or sudo iptables -I INPUT -s "
-                        f"{subnet} -j ACCEPT); NCCL and Gloo need every port open between hosts"))
+                        allow_fix(obs, host, peers)))
     return out
 
 
@@ -76,6 +74,15 @@ def _addr(obs: Observations, host: str) -> str:
         if h.name == host:
             return h.address
     return host
+
+
+def allow_fix(obs: Observations, host: str, peers: list[str]) -> str:
+    """Open `host` to its peers' networks (each peer's interface CIDR, else its address); with no
+    peer, to its own network."""
+    sources = list(dict.fromkeys(subnet_of(obs.facts.get(p), _addr(obs, p)) for p in peers or [host]))
+    ufw = " && ".join(f"sudo ufw allow from {s}" for s in sources)
+    iptables = " && ".join(f"sudo iptables -I INPUT -s {s} -j ACCEPT" for s in sources)
+    return f"on {host}: {ufw} (or {iptables}); NCCL and Gloo need every port open between hosts"
 
 
 def check(obs: Observations) -> list[Finding]:
@@ -97,7 +104,7 @@ def check(obs: Observations) -> list[Finding]:
         elif rules:
             out.append(warn(CHECK, host, "firewall rules may block the master port or NCCL/Gloo "
                             "ports (not probed)", "; ".join(rules),
-                            f"on {host}: sudo ufw allow from <cluster subnet>"))
+                            allow_fix(obs, host, [h.name for h in obs.ctx.hosts if h.name != host])))
         elif host in tested:
             out.append(ok(CHECK, host, "TCP probe passed to and from every peer"))
         else:

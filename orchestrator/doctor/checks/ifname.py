@@ -5,7 +5,14 @@ from __future__ import annotations
 import ipaddress
 from typing import Any
 
-from node_agent.ifname import is_suspicious, match_nccl, nccl_auto_pick, nccl_value_is_used, parse_gloo_ifname
+from node_agent.ifname import (
+    is_suspicious,
+    match_nccl,
+    nccl_auto_pick,
+    nccl_value_is_used,
+    parse_gloo_ifname,
+    parse_nccl_ifname,
+)
 from orchestrator.doctor.checks.base import fail, info, listing, ok, warn
 from orchestrator.doctor.model import Finding, Observations
 from orchestrator.remote.wire import HostFacts
@@ -39,14 +46,46 @@ def master_dev(hf: HostFacts) -> str | None:
     return None
 
 
+def master_address(hf: HostFacts) -> str | None:
+    """The address this host resolved master_addr to (the one it routes to)."""
+    routes = (hf.get("resolution") or {}).get("routes") or {}
+    return next(iter(routes), None)
+
+
+def reaches_master(iface: dict[str, Any], dev: str | None, master: str | None) -> bool:
+    """Traffic to the master can leave through this interface: it is the route's device, or the
+    master's address lies in one of its subnets."""
+    if dev is not None and iface.get("name") == dev:
+        return True
+    for a in iface.get("addresses") or []:
+        try:
+            net = ipaddress.ip_interface(f"{a.get('address')}/{a.get('prefixlen')}").network
+            if master is not None and ipaddress.ip_address(master) in net:
+                return True
+        except ValueError:
+            continue
+    return False
+
+
+def _described(ifaces: list[dict[str, Any]], names: list[str]) -> str:
+    """`docker0 (172.17.0.1/16)` for each name: what a reader needs to see the decoy."""
+    by_name = {str(i.get("name")): i for i in ifaces}
+    out = []
+    for n in names:
+        addrs = [f"{a.get('address')}/{a.get('prefixlen')}" for a in by_name.get(n, {}).get("addresses") or []
+                 if a.get("scope") != "link"]
+        out.append(f"{n} ({', '.join(addrs)})" if addrs else n)
+    return listing(out)
+
+
 def nccl_finding(host: str, value: str | None, ifaces: list[dict[str, Any]],
-                 dev: str | None, local_only: bool) -> Finding:
+                 dev: str | None, local_only: bool, master: str | None = None) -> Finding:
     names = [str(i.get("name")) for i in ifaces]
     usable = usable_names(ifaces)
     pin = f"set NCCL_SOCKET_IFNAME={dev} in the job's [env]" if dev else \
         "set NCCL_SOCKET_IFNAME to the interface that routes to the master"
     evidence = f"interfaces: {listing(names, 16)}; up with an address: {listing(usable, 16)}" + (
-        f"; route to master via {dev}" if dev else "")
+        f"; route to master {master or ''} via {dev}".replace("  ", " ") if dev else "")
     if value is not None and not nccl_value_is_used(value):
         return warn(CHECK, host, f"NCCL ignores NCCL_SOCKET_IFNAME={value!r} (one character)",
                     evidence, pin)
@@ -59,9 +98,8 @@ def nccl_finding(host: str, value: str | None, ifaces: list[dict[str, Any]],
         if not good:
             return fail(CHECK, host, f"NCCL_SOCKET_IFNAME={value} selects {listing(matched)} on "
                         f"{host}, but none is up with an address", evidence, pin)
-        if dev and not local_only and dev not in good:
-            return warn(CHECK, host, f"NCCL_SOCKET_IFNAME={value} selects {listing(good)}, but "
-                        f"{host} reaches the master via {dev}", evidence, pin)
+        if dev and not local_only:
+            return nccl_routing(host, value, ifaces, good, dev, master, evidence, pin)
         return ok(CHECK, host, f"NCCL_SOCKET_IFNAME={value} selects {listing(good)}", evidence)
     auto = nccl_auto_pick(usable)
     odd = [n for n in auto if n != dev and is_suspicious(n)]
@@ -75,6 +113,27 @@ def nccl_finding(host: str, value: str | None, ifaces: list[dict[str, Any]],
         f"; the master is reached via {dev}" if dev else ""), evidence, "" if local_only else pin)
 
 
+def nccl_routing(host: str, value: str, ifaces: list[dict[str, Any]], good: list[str], dev: str,
+                 master: str | None, evidence: str, pin: str) -> Finding:
+    """NCCL bootstraps over the first selected interface and opens data sockets over all of
+    them: every selected one must reach the master, the first one above all."""
+    by_name = {str(i.get("name")): i for i in ifaces}
+    off = [n for n in good if not reaches_master(by_name[n], dev, master)]
+    if not off:
+        return ok(CHECK, host, f"NCCL_SOCKET_IFNAME={value} selects {listing(good)}", evidence)
+    why = ""
+    if parse_nccl_ifname(value).exclude and any(is_suspicious(n) for n in off):
+        why = " (an exclusion list replaces NCCL's default skipping of docker and loopback interfaces)"
+    what = f"NCCL_SOCKET_IFNAME={value} selects {_described(ifaces, good)} on {host}"
+    to = f"the master {master}" if master else "the master"
+    if len(off) == len(good) or off[0] == good[0]:
+        return fail(CHECK, host, f"{what}; NCCL bootstraps over {good[0]}, which does not route to "
+                    f"{to} (reached via {dev}){why}", evidence, pin)
+    status = fail if any(is_suspicious(n) for n in off) else warn
+    return status(CHECK, host, f"{what}; {listing(off)} does not route to {to} (reached via {dev}), "
+                  f"yet NCCL would open connections over it{why}", evidence, pin)
+
+
 def _loopback(addr: str) -> bool:
     try:
         return ipaddress.ip_address(addr).is_loopback
@@ -83,7 +142,7 @@ def _loopback(addr: str) -> bool:
 
 
 def gloo_finding(host: str, hf: HostFacts, value: str | None, dev: str | None,
-                 local_only: bool) -> Finding:
+                 local_only: bool, master: str | None = None) -> Finding:
     ifaces = hf.get("interfaces") or []
     names = [str(i.get("name")) for i in ifaces]
     usable = usable_names(ifaces)
@@ -100,6 +159,13 @@ def gloo_finding(host: str, hf: HostFacts, value: str | None, dev: str | None,
         if down:
             return fail(CHECK, host, f"GLOO_SOCKET_IFNAME={value}: {listing(down)} is down or "
                         f"has no address on {host}", evidence, pin)
+        by_name = {str(i.get("name")): i for i in ifaces}
+        off = [n for n in wanted if not local_only and dev and not reaches_master(by_name[n], dev, master)]
+        if off:
+            to = f"the master {master}" if master else "the master"
+            return fail(CHECK, host, f"GLOO_SOCKET_IFNAME={value}: {_described(ifaces, off)} does not "
+                        f"route to {to} on {host} (it is reached via {dev}); Gloo would give peers "
+                        "an address they cannot reach", evidence + f"; route to master via {dev}", pin)
         return ok(CHECK, host, f"GLOO_SOCKET_IFNAME={value} is up with an address")
     resolved = hf.get("hostname_resolution") or []
     hostname = hf.get("hostname")
@@ -126,8 +192,8 @@ def check(obs: Observations) -> list[Finding]:
         if hf is None:
             continue
         env = obs.ctx.host_env(host, hf.get("env") or {})
-        dev = master_dev(hf)
+        dev, master = master_dev(hf), master_address(hf)
         out.append(nccl_finding(host.name, env.get("NCCL_SOCKET_IFNAME"),
-                                hf.get("interfaces") or [], dev, local_only))
-        out.append(gloo_finding(host.name, hf, env.get("GLOO_SOCKET_IFNAME"), dev, local_only))
+                                hf.get("interfaces") or [], dev, local_only, master))
+        out.append(gloo_finding(host.name, hf, env.get("GLOO_SOCKET_IFNAME"), dev, local_only, master))
     return out

@@ -19,6 +19,14 @@ def is_loopback(addr: str) -> bool:
         return False
 
 
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
+
+
 def first_address(hf: HostFacts) -> dict[str, str] | None:
     master = (hf.get("resolution") or {}).get("master") or []
     return master[0] if master else None
@@ -31,12 +39,23 @@ def compared_address(hf: HostFacts) -> str | None:
     return str((v4 or master)[0]["address"]) if master else None
 
 
-def host_findings(host: str, hf: HostFacts, addr: str, local_only: bool) -> list[Finding]:
+def own_address(hf: HostFacts, fallback: str) -> str:
+    """The address this host reaches the master from (its route's source), else `fallback`."""
+    for route in ((hf.get("resolution") or {}).get("routes") or {}).values():
+        src = route.get("src") if isinstance(route, dict) else None
+        if src and not is_loopback(str(src)):
+            return str(src)
+    return fallback
+
+
+def host_findings(host: str, hf: HostFacts, addr: str, local_only: bool,
+                  master_ip: str | None) -> list[Finding]:
     if hf.errors.get("resolution"):
+        line = f"add `{master_ip} {addr}` to /etc/hosts" if master_ip else \
+            f"map {addr} to the master's IP address in /etc/hosts"
         return [fail(CHECK, host, f"master_addr {addr} does not resolve on {host}",
                      hf.errors["resolution"],
-                     f"add `<master address> {addr}` to /etc/hosts on {host} or fix DNS, or set "
-                     "master_addr to an IP address")]
+                     f"{line} on {host} or fix DNS, or set master_addr to an IP address")]
     first = first_address(hf)
     if first is None:
         return []
@@ -68,7 +87,46 @@ def duplicate_hostnames(obs: Observations) -> list[Finding]:
             out += [warn(CHECK, h, f"hostname {hostname!r} is shared by {', '.join(hosts)}",
                          "NCCL and torchrun tell nodes apart by hostname",
                          f"give each host a unique name (on {h}: sudo hostnamectl set-hostname "
-                         "<name>)") for h in hosts]
+                         f"{h})") for h in hosts]
+    return out
+
+
+def master_is_here(obs: Observations, local_only: bool) -> list[Finding]:
+    """master_addr must be an address of the master host (node_rank 0 hosts torchrun's store):
+    one that is not leaves every rank dialing an address where nothing listens."""
+    master = obs.ctx.master
+    hf = obs.facts.get(master.name)
+    if hf is None or local_only:
+        return []
+    for addr, route in ((hf.get("resolution") or {}).get("routes") or {}).items():
+        if isinstance(route, dict) and not route.get("error") and route.get("type") != "local":
+            return [warn(CHECK, master.name, f"master_addr {obs.ctx.master_addr} is not an address of "
+                         f"{master.name}, the master host (node_rank 0 hosts the rendezvous)",
+                         f"{master.name} routes {addr} via {route.get('dev')}"
+                         + (f" and gateway {route['gateway']}" if route.get("gateway") else ""),
+                         f"set master_addr to an address of {master.name} ({master.address}), or remove it "
+                         "to use that one")]
+    return []
+
+
+def own_hostname(obs: Observations, local_only: bool) -> list[Finding]:
+    """c10d's rendezvous looks each host's own hostname up (and hands it to the workers): a
+    hostname that does not resolve fails the launch with `Temporary failure in name resolution`."""
+    if obs.ctx.rdzv_backend != "c10d" or local_only:
+        return []
+    out = []
+    by_name = {h.name: h for h in obs.ctx.hosts}
+    for host, hf in obs.facts.items():
+        gathered = "hostname_resolution" in hf.facts or "hostname_resolution" in hf.errors
+        if not gathered or hf.get("hostname_resolution"):
+            continue
+        hostname = hf.get("hostname") or host
+        address = own_address(hf, by_name[host].address if host in by_name else host)
+        out.append(fail(CHECK, host, f"hostname {hostname} of {host} does not resolve on {host}, "
+                        "and the c10d rendezvous looks it up",
+                        hf.errors.get("hostname_resolution", "getaddrinfo found no address"),
+                        f"on {host}: add `{address} {hostname}` to /etc/hosts (or fix DNS), or use "
+                        'backend = "static" in [rendezvous]'))
     return out
 
 
@@ -76,10 +134,13 @@ def check(obs: Observations) -> list[Finding]:
     out: list[Finding] = []
     addr = obs.ctx.master_addr
     local_only = all(h.is_local for h in obs.ctx.hosts)
-    for host, hf in obs.facts.items():
-        out += host_findings(host, hf, addr, local_only)
     firsts = {h: a for h, hf in obs.facts.items() if (a := compared_address(hf)) is not None}
     common, odd = majority(firsts)
+    master_ip = common or (obs.ctx.master.address if _is_ip(obs.ctx.master.address) else None)
+    for host, hf in obs.facts.items():
+        out += host_findings(host, hf, addr, local_only, master_ip)
+    out += own_hostname(obs, local_only)
+    out += master_is_here(obs, local_only)
     for host in odd:
         out.append(fail(CHECK, host, f"master_addr {addr} resolves to {firsts[host]} on {host} "
                         f"but to {common} on the other hosts",

@@ -83,3 +83,37 @@ def check_gpu(obs: Observations) -> list[Finding]:
     for name, hf in obs.facts.items():
         out += gpu_findings(name, hf, wants_gpu)
     return out
+
+
+NPROC = "nproc"
+OVERSUBSCRIBED = 4  # more CPU ranks than this many per CPU is a typo, not a plan
+
+
+def nproc_findings(name: str, hf: HostFacts, spec: object) -> list[Finding]:
+    """nproc_per_node against the host's CPUs and GPUs ("gpu"/"cpu"/"auto" resolve to them)."""
+    if "cpu_count" not in hf.facts:
+        return []
+    cpus = hf.cpu_count
+    gpus = hf.gpu_count if "gpu_count" in hf.facts else len((hf.get("gpus") or {}).get("gpus") or [])
+    evidence = f"{cpus} CPU(s), {gpus} GPU(s)"
+    if not isinstance(spec, int):
+        n = {"gpu": gpus, "cpu": cpus}.get(str(spec), gpus or cpus)
+        return [ok(NPROC, name, f"{n} rank(s) (nproc_per_node = {spec}) on {evidence}")] if n else []
+    if gpus == 0 and spec > OVERSUBSCRIBED * cpus:
+        return [fail(NPROC, name, f"nproc_per_node = {spec} would start {spec} ranks on {name}, "
+                     f"which has {cpus} CPU(s) and no GPU", evidence,
+                     f'set nproc_per_node = {cpus} (or "cpu") in [job], or pass --nproc-per-node {cpus}')]
+    if gpus == 0 and spec > cpus:
+        return [warn(NPROC, name, f"nproc_per_node = {spec} is more than the {cpus} CPU(s) of {name}: "
+                     "ranks will share CPUs", evidence, f'set nproc_per_node = {cpus} (or "cpu")')]
+    if gpus and spec > gpus:
+        return [warn(NPROC, name, f"nproc_per_node = {spec} is more than the {gpus} GPU(s) of {name}: "
+                     "NCCL refuses two ranks on one GPU", evidence, 'set nproc_per_node = "gpu"')]
+    return [ok(NPROC, name, f"{spec} rank(s) on {evidence}")]
+
+
+def check_nproc(obs: Observations) -> list[Finding]:
+    out: list[Finding] = []
+    for name, hf in obs.facts.items():
+        out += nproc_findings(name, hf, obs.ctx.nproc_per_node)
+    return out

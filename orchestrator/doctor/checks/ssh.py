@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from inventory import Host
 from orchestrator.doctor.checks.base import fail, ok
 from orchestrator.doctor.model import Finding, Observations
 from orchestrator.errors import HostError, HostErrorKind
@@ -9,12 +10,13 @@ from orchestrator.errors import HostError, HostErrorKind
 CHECK = "ssh"
 
 WHAT = {
-    HostErrorKind.UNREACHABLE: "host unreachable",
-    HostErrorKind.SSHD_DOWN: "sshd is not running (connection refused on the SSH port)",
+    HostErrorKind.UNREACHABLE: "host unreachable (no route to it, or no answer before the connect timeout)",
+    HostErrorKind.SSHD_DOWN: "sshd is not running or listens on another port (connection refused)",
     HostErrorKind.UNRESOLVED: "host name does not resolve",
     HostErrorKind.UNKNOWN_HOST_KEY: "unknown host key",
     HostErrorKind.CHANGED_HOST_KEY: "host key changed",
-    HostErrorKind.AUTH: "key not authorized (passwordless SSH is not set up)",
+    HostErrorKind.AUTH: "key not authorized: the host refused the keys offered",
+    HostErrorKind.NO_KEY: "no SSH key to offer (no usable IdentityFile, ssh-agent key or default key)",
     HostErrorKind.TIMEOUT: "timed out",
     HostErrorKind.LOST: "connection lost",
     HostErrorKind.AGENT: "the node agent failed",
@@ -22,7 +24,7 @@ WHAT = {
 }
 
 DEFAULT_FIX = {
-    HostErrorKind.UNREACHABLE: "check that {host} is up and that port 22 is open from here",
+    HostErrorKind.UNREACHABLE: "check that {host} is up and that port {port} is open from here",
     HostErrorKind.SSHD_DOWN: "on {host}: sudo systemctl start ssh (or sshd)",
     HostErrorKind.UNRESOLVED: "add {host} to /etc/hosts or DNS, or set its address in the inventory",
     HostErrorKind.UNKNOWN_HOST_KEY: "ssh-keyscan {host} >> ~/.ssh/known_hosts (after checking the "
@@ -33,9 +35,9 @@ DEFAULT_FIX = {
 }
 
 
-def finding_for(name: str, address: str, err: HostError) -> Finding:
-    fix = err.fix or DEFAULT_FIX.get(err.kind, "").format(host=address)
-    return fail(CHECK, name, WHAT.get(err.kind, err.kind.value),
+def finding_for(host: Host, err: HostError) -> Finding:
+    fix = err.fix or DEFAULT_FIX.get(err.kind, "").format(host=host.address, port=host.port or 22)
+    return fail(CHECK, host.name, WHAT.get(err.kind, err.kind.value),
                 f"{err.kind.value}: {err.message}", fix)
 
 
@@ -43,7 +45,7 @@ def check(obs: Observations) -> list[Finding]:
     out: list[Finding] = []
     for host in obs.ctx.hosts:
         if host.name in obs.failed:
-            out.append(finding_for(host.name, host.address, obs.failed[host.name]))
+            out.append(finding_for(host, obs.failed[host.name]))
         elif host.name in obs.facts:
             hf = obs.facts[host.name]
             out.append(ok(CHECK, host.name,

@@ -20,6 +20,15 @@ from orchestrator.launch.options import LaunchOptions
 from orchestrator.launch.plan import LaunchPlan
 
 Emit = Callable[[BackendEvent], None]
+
+
+@dataclass(frozen=True)
+class Reach:
+    """One node's TCP connect to the master port: ok, or refused / timeout / unreachable / ..."""
+
+    ok: bool
+    kind: str
+    error: str = ""
 Notice = Callable[[str], None]
 
 
@@ -62,3 +71,7 @@ class Backend(Protocol):
 
     def stacks(self, plan: LaunchPlan) -> StacksReport:
         """Every rank's Python stack (for hangs and --dump-on-interrupt)."""
+
+    def reach(self, plan: LaunchPlan) -> dict[str, Reach]:
+        """From every node, a TCP connect to the master port now (the rendezvous watchdog's
+        re-probe); a node that cannot be asked maps to its error."""

@@ -12,8 +12,8 @@ from typing import Any
 from inventory import Job
 from orchestrator.errors import HostError
 from orchestrator.hostops.stacks import StacksReport, collect
-from orchestrator.launch.backends.base import DetachReport, Emit, Notice, Resolved
-from orchestrator.launch.events import Alive, Exited, Lost, Output, Problem, Reported, Started
+from orchestrator.launch.backends.base import DetachReport, Emit, Notice, Reach, Resolved
+from orchestrator.launch.events import Alive, Exited, Lost, Milestone, Output, Problem, Reported, Started
 from orchestrator.launch.options import LaunchOptions
 from orchestrator.launch.plan import HostLaunch, LaunchPlan
 from orchestrator.launch.preflight import gather, resolve_nprocs, settle_master_port
@@ -21,9 +21,10 @@ from orchestrator.launch.supervise import LOST_AFTER
 from orchestrator.remote.agent import AgentEvent, AgentResult, AgentStream, call_agent, start_agent
 from orchestrator.remote.pool import HostPool
 from orchestrator.remote.transport import OutputLine, Transport
-from orchestrator.remote.wire import parse_detached, parse_supervise
+from orchestrator.remote.wire import parse_detached, parse_rank_phase, parse_supervise
 
 HEARTBEAT_EVERY = 2.0  # each node's supervisor ends its job after LOST_AFTER without one
+REACH_TIMEOUT_S = 3.0  # the watchdog's re-probe: a connect that takes longer is dropped
 
 
 def supervise_request(plan: LaunchPlan, launch: HostLaunch, options: LaunchOptions,
@@ -32,7 +33,7 @@ def supervise_request(plan: LaunchPlan, launch: HostLaunch, options: LaunchOptio
             "launcher": list(launch.launcher), "program": list(launch.program),
             "env": dict(launch.env), "cwd": launch.cwd, "grace": options.grace,
             "heartbeat_timeout": 0 if detach else LOST_AFTER, "detach": detach,
-            "nccl_debug": options.nccl_debug}
+            "nccl_debug": options.nccl_debug, "wrap": launch.wrapped}
 
 
 class SshBackend:
@@ -52,7 +53,15 @@ class SshBackend:
         port = job.rendezvous.master_port
         if not settle and isinstance(job.nproc_per_node, int) and isinstance(port, int):
             return Resolved({h.name: job.nproc_per_node for h in job.hosts}, port)  # a dry run needs no host
-        facts = gather(job, self.pool)
+        pre = gather(job, self.pool, checks=settle and options.checks)
+        if pre.findings:
+            took = ", ".join(f"{k.removesuffix('_s')} {v:.2f}s" for k, v in pre.phases.items())
+            notice(f"pre-launch checks passed on {len(job.hosts)} host(s) in {sum(pre.phases.values()):.2f}s "
+                   f"({took})")
+        for finding in pre.warnings:
+            notice(f"warning [{finding.check}] {finding.host or 'all hosts'}: {finding.message}"
+                   + (f" (fix: {finding.fix})" if finding.fix else ""))
+        facts = pre.facts
         nprocs = resolve_nprocs(job, facts)
         if settle:
             return Resolved(nprocs, settle_master_port(job, self.pool, facts, options.free_port, notice))
@@ -88,11 +97,13 @@ class SshBackend:
         emit(Exited(name, stream.wait(5.0)))
 
     @staticmethod
-    def _event(name: str, event: AgentEvent) -> Started | Problem | Alive:
+    def _event(name: str, event: AgentEvent) -> Started | Problem | Alive | Milestone:
         if event.name == "started":
             return Started(name, event.get("log"))
         if event.name == "error":
             return Problem(name, str(event.get("message")))
+        if event.name == "rank":
+            return Milestone(name, parse_rank_phase(event.fields))
         return Alive(name)  # heartbeat, or an event this version does not know: the host is there
 
     def _heartbeats(self) -> None:
@@ -148,3 +159,15 @@ class SshBackend:
 
     def stacks(self, plan: LaunchPlan) -> StacksReport:
         return collect(self.pool, [hl.host for hl in plan.hosts], plan.job_id)
+
+    def reach(self, plan: LaunchPlan) -> dict[str, Reach]:
+        addr = f"[{plan.master_addr}]" if ":" in plan.master_addr else plan.master_addr
+
+        def one(transport: Transport) -> Reach:
+            reply = call_agent(transport, "connect", {"targets": [f"{addr}:{plan.master_port}"],
+                                                      "timeout": REACH_TIMEOUT_S}, timeout=30)
+            r = (reply.result.get("results") or [{}])[0]
+            return Reach(bool(r.get("ok")), str(r.get("kind") or "error"), str(r.get("error") or ""))
+
+        fan = self.pool.map([hl.host for hl in plan.hosts], one)
+        return {**fan.succeeded, **{name: Reach(False, "no answer", err.message) for name, err in fan.failed.items()}}

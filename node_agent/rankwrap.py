@@ -1,0 +1,149 @@
+"""Every rank's entry point under ddpctl: runs the user's program as `python script.py ARGS` (or
+`python -m module ARGS`) would, and records its milestones where its node's supervisor reads them.
+
+    python rankwrap.py script.py ARGS...      python rankwrap.py -m package.module ARGS...
+
+In $DDPCTL_RANK_DIR it writes, as `<local rank>.<phase>` files (JSON, written whole):
+- `started`: the rank runs (torchrun's own rendezvous between the nodes is over);
+- `init` / `joined`: it called / returned from torch.distributed.init_process_group (the
+  process-group rendezvous between the ranks);
+- `error`: the exception that ended it, with its traceback, whether or not the script uses
+  torchelastic's @record; a missing script is recorded as Python reports it ("can't open file").
+
+It never imports torch itself (a script may set CUDA_VISIBLE_DEVICES before it does): an import
+hook wraps init_process_group when the script imports torch.distributed. Standard library only,
+Python 3.8 and newer; the supervisor writes this file's source next to its run state.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.machinery
+import json
+import os
+import runpy
+import socket
+import sys
+import time
+import traceback
+from typing import Any, Callable, List, Optional, Sequence
+
+RANK_DIR_ENV = "DDPCTL_RANK_DIR"
+C10D = "torch.distributed.distributed_c10d"
+
+
+def _local_rank() -> str:
+    return os.environ.get("LOCAL_RANK", "0")
+
+
+def record(phase: str, **fields: Any) -> None:
+    """Write `<local rank>.<phase>` atomically; never fails the rank."""
+    where = os.environ.get(RANK_DIR_ENV)
+    if not where:
+        return
+    data = {"phase": phase, "time": time.time(), "local_rank": int(_local_rank()),
+            "rank": int(os.environ.get("RANK", "-1")), "pid": os.getpid(), "host": socket.gethostname()}
+    data.update(fields)
+    path = os.path.join(where, "%s.%s" % (_local_rank(), phase))
+    try:
+        with open(path + ".tmp", "w") as f:
+            json.dump(data, f)
+        os.replace(path + ".tmp", path)
+    except OSError:
+        pass
+
+
+def _wrap_init(module: Any) -> None:
+    original = getattr(module, "init_process_group", None)
+    if original is None or getattr(original, "_ddpctl_wrapped", False):
+        return
+
+    @functools.wraps(original)
+    def init_process_group(*args: Any, **kwargs: Any) -> Any:
+        record("init")
+        result = original(*args, **kwargs)
+        record("joined")
+        return result
+
+    init_process_group._ddpctl_wrapped = True  # type: ignore[attr-defined]
+    module.init_process_group = init_process_group
+
+
+class _InitHook(object):
+    """A meta path finder that lets torch.distributed.distributed_c10d load as usual, then wraps
+    its init_process_group before `torch.distributed` re-exports the name."""
+
+    def find_spec(self, name: str, path: Optional[Sequence[str]] = None, target: Any = None) -> Any:
+        if name != C10D:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        loader = spec.loader
+        run = loader.exec_module
+
+        def exec_module(module: Any) -> None:
+            run(module)
+            _wrap_init(module)
+
+        loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+
+def _user_frames(tb: Any) -> Any:
+    """Skip this wrapper's and runpy's frames: the traceback starts in the user's code."""
+    ours = {os.path.abspath(__file__), os.path.abspath(runpy.__file__), "<frozen runpy>"}
+    while tb is not None and (tb.tb_frame.f_code.co_filename in ours or
+                              os.path.abspath(tb.tb_frame.f_code.co_filename) in ours):
+        tb = tb.tb_next
+    return tb
+
+
+def _failed(exc: BaseException) -> None:
+    lines = traceback.format_exception(type(exc), exc, _user_frames(exc.__traceback__))
+    record("error", type=type(exc).__name__, message=str(exc), traceback="".join(lines))
+
+
+def run(argv: List[str], runner: Optional[Callable[[], Any]] = None) -> int:
+    """Run the program `argv` names (script path, or `-m module`) as __main__; 0 or its exit code."""
+    if not argv or (argv[0] == "-m" and len(argv) < 2):
+        sys.stderr.write("usage: rankwrap.py script.py ARGS... | -m module ARGS...\n")
+        return 2
+    record("started")
+    if "torch.distributed" in sys.modules:  # imported already (not by us): wrap it in place
+        _wrap_init(sys.modules.get(C10D))
+    else:
+        sys.meta_path.insert(0, _InitHook())  # type: ignore[arg-type]
+    if argv[0] == "-m":
+        module, args = argv[1], argv[2:]
+        sys.argv = [module, *args]
+        sys.path[0] = os.getcwd()
+        target = runner or (lambda: runpy.run_module(module, run_name="__main__", alter_sys=True))
+    else:
+        script, args = argv[0], argv[1:]
+        if not os.path.isfile(script):
+            message = "can't open file %r: [Errno 2] No such file or directory" % os.path.abspath(script)
+            sys.stderr.write("%s: %s\n" % (sys.executable, message))
+            record("error", type="FileNotFoundError", message=message, traceback="")
+            return 2
+        sys.argv = [script, *args]
+        sys.path[0] = os.path.dirname(os.path.abspath(script))
+        target = runner or (lambda: runpy.run_path(script, run_name="__main__"))
+    try:
+        target()
+    except SystemExit as exc:
+        if exc.code in (None, 0):
+            return 0
+        if isinstance(exc.code, int):
+            record("error", type="SystemExit", message="exit code %d" % exc.code, traceback="")
+            return exc.code
+        _failed(exc)
+        raise
+    except BaseException as exc:
+        _failed(exc)
+        raise
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run(sys.argv[1:]))

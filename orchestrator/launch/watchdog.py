@@ -1,0 +1,120 @@
+"""The rendezvous watchdog: knows, from the ranks' milestones, whether the ranks have all met, and
+when they have not within the bound, says why in doctor's words.
+
+Two rendezvous can hang. torchrun's own, between the nodes, ends when the ranks start (their
+wrapper's `started`); it is overdue `timeout` seconds after torchrun runs on every node.
+init_process_group's, between the ranks, ends when every rank has `joined`; it is overdue only
+once every rank has entered it (a rank still loading data before its init is not a hang) and
+`timeout` seconds have passed since the last one did. A job whose ranks never call
+init_process_group is never judged by the second.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+
+from orchestrator.doctor.checks.firewall import probe_findings
+from orchestrator.doctor.context import from_job
+from orchestrator.doctor.model import Observations, ProbeOutcome, ProbeResults
+from orchestrator.doctor.render import finding_text
+from orchestrator.launch.backends.base import Reach
+from orchestrator.launch.plan import LaunchPlan
+from orchestrator.remote.wire import RankPhase
+
+STARTED = ("started", "init", "joined")
+ENTERED = ("init", "joined")
+TAIL_LINES = 5
+
+
+class Rendezvous:
+    """The milestones of one job's ranks, and whether their rendezvous is overdue."""
+
+    def __init__(self, plan: LaunchPlan, timeout: float) -> None:
+        self.plan = plan
+        self.timeout = timeout
+        self.nproc = {hl.host.name: hl.nproc for hl in plan.hosts}
+        self.host_started: dict[str, float] = {}  # host -> when its torchrun started (monotonic)
+        self.phases: dict[tuple[str, int], set[str]] = {}  # (host, local rank) -> its milestones
+        self.last_entry: float | None = None  # when the latest rank entered init_process_group
+        self.done = False
+
+    def started(self, host: str) -> None:
+        self.host_started[host] = time.monotonic()
+
+    def saw(self, host: str, phase: RankPhase) -> None:
+        if phase.local_rank is None:
+            return
+        self.phases.setdefault((host, phase.local_rank), set()).add(phase.phase)
+        if phase.phase == "init":
+            self.last_entry = time.monotonic()
+
+    def count(self, phases: Sequence[str], host: str | None = None) -> int:
+        return sum(1 for (h, _), seen in self.phases.items()
+                   if (host is None or h == host) and seen.intersection(phases))
+
+    @property
+    def world(self) -> int:
+        return sum(self.nproc.values())
+
+    @property
+    def between_nodes(self) -> bool:
+        """Still in torchrun's rendezvous: not every rank has started."""
+        return self.count(STARTED) < self.world
+
+    def overdue(self, now: float) -> bool:
+        if self.done or len(self.host_started) < len(self.nproc):
+            return False  # a node that never starts is the lost-host check's business
+        if self.count(("joined",)) >= self.world:
+            self.done = True
+            return False
+        if self.between_nodes:
+            return now - max(self.host_started.values()) > self.timeout
+        if self.count(ENTERED) < self.world:
+            return False
+        return self.last_entry is not None and now - self.last_entry > self.timeout
+
+    def waiting(self) -> dict[str, str]:
+        """host -> how far its ranks got, for each host whose ranks have not all met."""
+        out = {}
+        for host, n in self.nproc.items():
+            if self.between_nodes:
+                started = self.count(STARTED, host)
+                if started < n:
+                    out[host] = f"{started} of {n} rank(s) started"
+            else:
+                joined = self.count(("joined",), host)
+                if joined < n:
+                    out[host] = f"{joined} of {n} rank(s) returned from init_process_group"
+        return out
+
+    def diagnose(self, reach: Mapping[str, Reach], tails: Mapping[str, Sequence[str]]) -> str:
+        """The cause, in doctor's words where the re-probe found one, then what the hosts that never
+        joined last printed."""
+        plan = self.plan
+        where = f"{plan.master_addr}:{plan.master_port}"
+        stage = (f"torchrun's rendezvous at {where}" if self.between_nodes
+                 else "init_process_group (the process group's rendezvous between the ranks)")
+        waiting = self.waiting()
+        lines = [f"the ranks did not all join within {self.timeout:.0f}s: {stage} never completed"]
+        lines += [f"  {host}: {how}" for host, how in waiting.items()]
+        master = plan.hosts[0].host.name
+        outcomes = [ProbeOutcome(host, master, plan.master_addr, plan.master_port, "master_port", r.ok,
+                                 r.kind, r.error) for host, r in reach.items() if r.kind != "no answer"]
+        peers = [o for o in outcomes if o.source != master] or outcomes  # "blocked between a and a" reads badly
+        ctx = from_job(plan.job, master_port=plan.master_port)
+        findings = probe_findings(Observations(ctx, {}, {}, ProbeResults(peers)))
+        if findings:
+            lines.append(f"re-probe of the master port {where} from every host:")
+            lines += ["  " + line for f in findings for line in finding_text(f).plain.splitlines()]
+            lines += [f"  {o.source} -> {where}: {o.kind}" for o in outcomes if o.source == master and not o.ok]
+        else:
+            lines.append(f"the master port {where} answers from every host, so the block is elsewhere "
+                         "(hostnames, NCCL/GLOO_SOCKET_IFNAME, ports between the ranks): run "
+                         f"`ddpctl doctor {plan.job.source or 'JOB_FILE'}`")
+        lines += [f"  {host}: could not re-probe: {r.error}" for host, r in reach.items() if r.kind == "no answer"]
+        for host in waiting:
+            tail = [line for line in tails.get(host, []) if line.strip()][-TAIL_LINES:]
+            lines.append(f"{host} last printed:" if tail else f"{host} printed nothing")
+            lines += [f"    {line}" for line in tail]
+        return "\n".join(lines)
