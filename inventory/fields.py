@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import difflib
+import ipaddress
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any, TypeGuard
@@ -204,6 +205,15 @@ def expect_str_list(src: Reporter, key: str, value: object) -> list[str]:
             )
         out.append(item)
     return out
+
+
+def is_ip_address(text: str) -> bool:
+    """An IPv4 or IPv6 address (not a name)."""
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
 
 
 def is_ascii_digits(text: str) -> bool:

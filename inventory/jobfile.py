@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ipaddress
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -22,6 +21,7 @@ from inventory.fields import (
     expect_str_list,
     expect_table,
     is_ascii_digits,
+    is_ip_address,
     suggest,
 )
 from inventory.hostrange import expand_hostnames
@@ -360,7 +360,7 @@ def _check_master(doc: Reporter, spec: _Spec, inventory: Inventory) -> None:
     via = " (the hosts chosen with --hosts)" if spec.hosts_from_flag else ""
     host = inventory.get(addr)
     if host is None:
-        if _is_ip(addr):
+        if is_ip_address(addr):
             return  # another interface of the master, outside the inventory
         problem = _unknown_host(addr, inventory)
         raise doc.error(
@@ -418,11 +418,3 @@ def _digits_to_int(value: object) -> object:
     if isinstance(value, str) and is_ascii_digits(value.strip()):
         return int(value)
     return value
-
-
-def _is_ip(text: str) -> bool:
-    try:
-        ipaddress.ip_address(text)
-    except ValueError:
-        return False
-    return True

@@ -8,13 +8,12 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Generic, TypeVar, cast
-
-import paramiko
+from typing import Generic, TypeVar
 
 from inventory import ConfigError, Host
 from orchestrator.errors import HostError, HostErrorKind
-from orchestrator.remote.ssh import SshOptions, SshTransport, config_list
+from orchestrator.remote.ssh import SshOptions, SshTransport
+from orchestrator.remote.ssh_config import load_ssh_config
 from orchestrator.remote.transport import LocalTransport, Transport
 
 T = TypeVar("T")
@@ -32,67 +31,6 @@ class FanOut(Generic[T]):
     @property
     def ok(self) -> bool:
         return not self.failed
-
-
-UNMATCHED = "ddpctl-unmatched.invalid"  # a name that only catch-all blocks (`Host *`) match
-
-
-def merge_lookups(lookup: Callable[[str], paramiko.SSHConfigDict], name: str,
-                  address: str) -> paramiko.SSHConfigDict:
-    """The ssh_config options of an inventory host, whose `Host` blocks may name it or its address.
-
-    paramiko matches the patterns (as OpenSSH does) against the name and, separately, the address;
-    each lookup keeps the first value obtained. Then, for each option:
-
-    1. the name's value wins (`Host node1`), unless it is a catch-all's (`Host *`);
-    2. else the address's value (`Host 10.0.0.*`, or failing that the catch-all's);
-    3. else the name's.
-
-    A value counts as a catch-all's when `UNMATCHED`, a name no specific block matches, gets the
-    same; so a `Host *` at the end of the file, where OpenSSH wants defaults, does not shadow the
-    address's block. HostName: the name's if set, else the address's if set, else the address
-    itself. IdentityFile accumulates as in OpenSSH: the name's files, then the address's.
-    """
-    by_name = lookup(name)
-    if address == name:
-        return by_name
-    by_address = lookup(address)
-    try:
-        catch_all = lookup(UNMATCHED)
-    except paramiko.SSHException:  # e.g. CanonicalizeHostname could not canonicalize the probe
-        catch_all = paramiko.SSHConfigDict()
-    merged = paramiko.SSHConfigDict(by_address)
-    for key, value in by_name.items():
-        if key not in merged or value != catch_all.get(key):
-            merged[key] = value
-    merged["hostname"] = by_name["hostname"] if by_name["hostname"] != name else by_address["hostname"]
-    files = config_list(by_name.get("identityfile")) + config_list(by_address.get("identityfile"))
-    if files:
-        merged.update(identityfile=cast(str, list(dict.fromkeys(files))))  # a list, as paramiko keeps it
-    return merged
-
-
-class HostSshConfig(paramiko.SSHConfig):
-    """ssh_config files whose lookup of one inventory host's name applies `merge_lookups`."""
-
-    host: Host | None = None
-
-    def lookup(self, hostname: str) -> paramiko.SSHConfigDict:
-        if self.host is not None and hostname == self.host.name:
-            return merge_lookups(super().lookup, self.host.name, self.host.address)
-        return super().lookup(hostname)  # a ProxyJump hop: by its own name, as OpenSSH does
-
-
-def load_ssh_config(path: Path | None, host: Host | None = None) -> HostSshConfig:
-    """`path` alone (like `ssh -F`), else ~/.ssh/config then /etc/ssh/ssh_config."""
-    config = HostSshConfig()
-    config.host = host
-    files = [path] if path is not None else [
-        p for p in (Path("~/.ssh/config").expanduser(), Path("/etc/ssh/ssh_config")) if p.is_file()]
-    for f in files:
-        with f.open() as fh:
-            config.parse(fh)
-    return config
 
 
 class HostPool:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from job_dir import HOSTS, write_job
 from typer.testing import CliRunner
 
 from inventory import ConfigError, JobOverrides, apply_overrides, load_inventory, load_job
@@ -19,21 +20,7 @@ from orchestrator.remote.pool import FanOut
 from orchestrator.remote.wire import LogsFound, StoppedJob
 
 BOM = "\ufeff"
-HOSTS = '[[hosts]]\nname = "node[0-1]"\naddress = "198.18.0.[10-11]"\n'
 RUN = 'inventory = "hosts.toml"\n[job]\nscript = "train.py"\n'
-
-
-@pytest.fixture
-def cluster(tmp_path: Path) -> Path:
-    (tmp_path / "hosts.toml").write_text(HOSTS, encoding="utf-8")
-    (tmp_path / "train.py").write_text("", encoding="utf-8")
-    return tmp_path
-
-
-def write_job(directory: Path, text: str, name: str = "job.toml") -> Path:
-    path = directory / name
-    path.write_text(text, encoding="utf-8")
-    return path
 
 
 def cli(*args: str) -> tuple[int, str]:
@@ -144,7 +131,7 @@ def test_job_and_inventory_with_a_bom_load(cluster: Path) -> None:
     (cluster / "hosts.toml").write_text(BOM + HOSTS, encoding="utf-8")
     job = load_job(write_job(cluster, BOM + RUN + "nproc_per_node = 2\n"))
     assert job.nproc_per_node == 2
-    assert [h.name for h in job.hosts] == ["node0", "node1"]
+    assert [h.name for h in job.hosts] == ["node0", "node1", "node2"]
 
 
 def test_hostfile_with_a_bom_loads(tmp_path: Path) -> None:

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
+from job_dir import write_job
 
 from inventory import (
     LOCALHOST,
@@ -15,29 +15,6 @@ from inventory import (
     load_job,
     parse_env_assignment,
 )
-
-HOSTS = """\
-[defaults]
-user = "ddp"
-
-[[hosts]]
-name = "node[0-2]"
-address = "198.18.0.[10-12]"
-"""
-
-
-@pytest.fixture
-def cluster(tmp_path: Path) -> Path:
-    """A directory with hosts.toml (node0..node2) and train.py."""
-    (tmp_path / "hosts.toml").write_text(HOSTS, encoding="utf-8")
-    (tmp_path / "train.py").write_text("print('hi')\n", encoding="utf-8")
-    return tmp_path
-
-
-def write_job(directory: Path, text: str, name: str = "job.toml") -> Path:
-    path = directory / name
-    path.write_text(textwrap.dedent(text), encoding="utf-8")
-    return path
 
 
 def line_of(path: Path, needle: str) -> int:

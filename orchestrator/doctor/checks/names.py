@@ -5,6 +5,7 @@ from __future__ import annotations
 import ipaddress
 from collections import defaultdict
 
+from inventory.fields import is_ip_address
 from orchestrator.doctor.checks.base import fail, majority, ok, warn
 from orchestrator.doctor.model import Finding, Observations
 from orchestrator.remote.wire import HostFacts
@@ -17,14 +18,6 @@ def is_loopback(addr: str) -> bool:
         return ipaddress.ip_address(addr).is_loopback
     except ValueError:
         return False
-
-
-def _is_ip(text: str) -> bool:
-    try:
-        ipaddress.ip_address(text)
-    except ValueError:
-        return False
-    return True
 
 
 def first_address(hf: HostFacts) -> dict[str, str] | None:
@@ -136,7 +129,7 @@ def check(obs: Observations) -> list[Finding]:
     local_only = all(h.is_local for h in obs.ctx.hosts)
     firsts = {h: a for h, hf in obs.facts.items() if (a := compared_address(hf)) is not None}
     common, odd = majority(firsts)
-    master_ip = common or (obs.ctx.master.address if _is_ip(obs.ctx.master.address) else None)
+    master_ip = common or (obs.ctx.master.address if is_ip_address(obs.ctx.master.address) else None)
     for host, hf in obs.facts.items():
         out += host_findings(host, hf, addr, local_only, master_ip)
     out += own_hostname(obs, local_only)
