@@ -163,17 +163,16 @@ def print_checks_failed(exc: ChecksFailed) -> None:
 
 
 def print_failure(result: RunResult) -> None:
+    """The watchdog's diagnosis; then the first rank to fail, in time, with its own exception and
+    traceback; or, where no rank recorded one, the first host to fail and its last lines."""
     if result.cause:
         err_console.print(Text("\nrendezvous failed:", style="bold red"))
         err_console.print(result.cause, markup=False)
     root = result.root_cause
     if root is not None:
-        err = root.error
-        rank = f"rank {err.rank}" if err.rank is not None else (
-            f"rank {result.global_rank(result.first_failure, err.local_rank)}"
-            if result.first_failure is not None and result.global_rank(result.first_failure, err.local_rank)
-            is not None else "a rank")
-        err_console.print(Text(f"\nfirst failure: {rank} on {root.host} (node_rank {root.node_rank}, "
+        err, rank = root.error, result.rank_of(root)
+        who = f"rank {rank}" if rank is not None else "a rank"
+        err_console.print(Text(f"\nfirst failure: {who} on {root.host} (node_rank {root.node_rank}, "
                                f"local rank {err.local_rank}): {err.summary}", style="bold red"))
         for line in err.traceback.rstrip().splitlines()[-15:]:
             err_console.print(f"    {line}", markup=False)
@@ -184,14 +183,7 @@ def print_failure(result: RunResult) -> None:
     err_console.print(Text(f"\nfirst failure: {run.host} (node_rank {run.node_rank})", style="bold red"))
     if run.error:
         err_console.print(f"  {run.error}", markup=False)
-    fe = run.first_error
-    if fe:
-        rank_no = result.global_rank(run, fe.local_rank)
-        rank = f"rank {rank_no} (local rank {fe.local_rank})" if rank_no is not None else f"local rank {fe.local_rank}"
-        err_console.print(f"  {rank}: {fe.summary}", markup=False)
-        for line in fe.traceback.rstrip().splitlines()[-12:]:
-            err_console.print(f"    {line}", markup=False)
-    elif run.tail:
+    if run.tail:
         err_console.print("  last lines:", markup=False)
         for line in run.tail[-12:]:
             err_console.print(f"    {line}", markup=False)

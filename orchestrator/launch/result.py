@@ -94,6 +94,13 @@ class RunResult:
         nproc = self.nprocs.get(run.host)
         return run.node_rank * nproc + local_rank if nproc and isinstance(local_rank, int) else None
 
+    def rank_of(self, failure: RankFailure) -> int | None:
+        """The failed rank's global rank: as it recorded it, else from its node and local rank."""
+        if failure.error.rank is not None:
+            return failure.error.rank
+        run = next((r for r in self.hosts if r.host == failure.host), None)
+        return self.global_rank(run, failure.error.local_rank) if run is not None else None
+
 
 def write_summary(plan: LaunchPlan, result: RunResult) -> Path:
     path = result.run_dir / "summary.json"
