@@ -6,6 +6,7 @@ A listener also serves `CONNECT` control lines, so one agent per host can both l
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import select
@@ -53,9 +54,9 @@ def _drain_all(conns: List[socket.socket], seconds: float) -> None:
             _drain(conn, conns)
 
 
-def _watch_control(control: BinaryIO, done: threading.Event) -> None:
+def _watch_control(control: BinaryIO, done: threading.Event, wake: socket.socket) -> None:
     """Serve control lines until EOF: `CONNECT {"targets": [...], "timeout": s}` runs a connect
-    round and emits a `connected` event with its results."""
+    round and emits a `connected` event with its results. At EOF, wake the accept loop at once."""
     try:
         for line in iter(control.readline, b""):
             if line.startswith(b"CONNECT "):
@@ -63,6 +64,8 @@ def _watch_control(control: BinaryIO, done: threading.Event) -> None:
     except (OSError, ValueError):
         pass
     done.set()
+    with contextlib.suppress(OSError):
+        wake.send(b"x")
 
 
 def open_listeners(wanted: List[int]) -> Tuple[Dict[int, socket.socket], List[Dict[str, Any]]]:
@@ -90,14 +93,17 @@ def serve(sockets: Dict[int, socket.socket], ports: List[Dict[str, Any]], contro
           timeout: float) -> Dict[str, Any]:
     """Accept (recording peers) and serve control commands until control EOF or the timeout."""
     done = threading.Event()
-    threading.Thread(target=_watch_control, args=(control, done), daemon=True).start()
+    woken, wake = socket.socketpair()
+    threading.Thread(target=_watch_control, args=(control, done, wake), daemon=True).start()
     by_port = {p["port"]: p for p in ports if p["port"] is not None}
     conns: List[socket.socket] = []  # kept until the peer closes, so TIME_WAIT lands on its side
     deadline = time.monotonic() + timeout
     try:
         while not done.is_set() and time.monotonic() < deadline:
-            readable, _, _ = select.select(list(sockets.values()) + conns, [], [], 0.2)
+            readable, _, _ = select.select([woken, *sockets.values(), *conns], [], [], 0.2)
             for s in readable:
+                if s is woken:
+                    continue  # control EOF: the loop condition ends it
                 if s in conns:
                     _drain(s, conns)
                     continue
@@ -109,7 +115,7 @@ def serve(sockets: Dict[int, socket.socket], ports: List[Dict[str, Any]], contro
                 by_port[int(s.getsockname()[1])]["peers"].append(str(peer[0]))
         _drain_all(conns, 0.5)
     finally:
-        for s in list(sockets.values()) + conns:
+        for s in [*sockets.values(), *conns, woken, wake]:
             s.close()
     return {"ports": ports, "timed_out": not done.is_set()}
 

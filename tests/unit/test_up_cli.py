@@ -49,6 +49,17 @@ def test_dry_run_shows_the_exact_command_per_host_with_masked_secrets(tmp_path: 
     assert "env: GLOO_SOCKET_IFNAME=eth0" in out.output
     assert "n0 (node_rank 0, ssh 198.18.7.1" in out.output and "n1 (node_rank 1, ssh 198.18.7.2" in out.output
     assert not (tmp_path / "x").exists()
+    assert all(Path(argv[-4]).name == "rankwrap.py" and argv[-4].startswith("~/.ddpctl/runs/") for argv in cmds)
+
+
+def test_dry_run_says_what_it_did_not_check_without_the_hosts(tmp_path: Path) -> None:
+    job = write_two_host_job(tmp_path)
+    out = runner.invoke(app, ["up", str(job), "--dry-run"])
+    assert out.exit_code == 0, out.output
+    assert "not checked (a dry run does not contact the hosts for it)" in out.output
+    assert "master port reachable from every host" in out.output and f"ddpctl doctor {job}" in out.output
+    quiet = runner.invoke(app, ["up", str(job), "--dry-run", "--no-checks"])
+    assert quiet.exit_code == 0 and "not checked" not in quiet.output
 
 
 def test_dry_run_c10d_and_overrides(tmp_path: Path) -> None:
