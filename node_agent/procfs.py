@@ -29,7 +29,7 @@ def parse_stat(line: str) -> ProcStat:
     pid, open_paren, comm = head.partition(" (")
     fields = tail.split()
     if not paren or not open_paren or len(fields) <= _STARTTIME:
-        raise ValueError("not a /proc/<pid>/stat line: %r" % line[:120])
+        raise ValueError("not a line of /proc/PID/stat: %r" % line[:120])
     return ProcStat(pid=int(pid), comm=comm, state=fields[_STATE], ppid=int(fields[_PPID]),
                     pgrp=int(fields[_PGRP]), start_ticks=int(fields[_STARTTIME]))
 

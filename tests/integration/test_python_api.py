@@ -55,3 +55,15 @@ def test_plan_from_python_is_the_dry_run_and_bad_input_raises_the_located_error(
     with pytest.raises(ConfigError) as info:
         orchestrator.up(job_file, hosts=["node7"], observer=Collected())
     assert info.value.key == "--hosts" and 'host "node7" is not in the inventory' in info.value.message
+
+
+def test_a_failing_pre_launch_check_raises_doctors_findings_and_starts_nothing(tmp_path: Path) -> None:
+    from orchestrator.launch.preflight import ChecksFailed
+
+    with pytest.raises(ChecksFailed) as info:
+        orchestrator.up(toy(tmp_path), nproc_per_node=1024, runs_dir=tmp_path / "runs")
+    (finding,) = [f for f in info.value.findings if f.status.value == "fail"]
+    assert (finding.check, finding.host) == ("nproc", "localhost")
+    assert "nproc_per_node = 1024 would start 1024 ranks on localhost" in finding.message
+    assert "[nproc] localhost:" in str(info.value)
+    assert not (tmp_path / "runs").exists()
