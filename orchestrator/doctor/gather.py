@@ -151,7 +151,9 @@ def probe_address(host: Host, facts: HostFacts | None) -> str:
     return host.address
 
 
-def plan_targets(ctx: DoctorContext, opened: dict[str, Opened]) -> list[Target]:
+def plan_targets(ctx: DoctorContext, opened: dict[str, Opened], job_holds_master: bool = False) -> list[Target]:
+    """Each host's ephemeral listener, and the master port where the probe listens on it (or,
+    `job_holds_master`, where the running job's rendezvous store does)."""
     targets = []
     for host in ctx.hosts:
         if host.name not in opened:
@@ -160,7 +162,8 @@ def plan_targets(ctx: DoctorContext, opened: dict[str, Opened]) -> list[Target]:
         if ports.get(0):
             targets.append(Target(host.name, probe_address(host, opened[host.name].facts),
                                   int(ports[0] or 0), "ephemeral"))
-        if ctx.master_port is not None and ports.get(ctx.master_port):
+        held = job_holds_master and host.name == ctx.master.name
+        if ctx.master_port is not None and (ports.get(ctx.master_port) or held):
             targets.append(Target(host.name, ctx.master_addr, ctx.master_port, "master_port"))
     return targets
 
@@ -169,10 +172,10 @@ def _bracket(addr: str) -> str:
     return f"[{addr}]" if ":" in addr else addr
 
 
-def run_probe(ctx: DoctorContext, opened: dict[str, Opened]) -> ProbeResults:
+def run_probe(ctx: DoctorContext, opened: dict[str, Opened], job_holds_master: bool = False) -> ProbeResults:
     """Every host dials every other host's listeners at once; results come back as events."""
     out = ProbeResults()
-    targets = plan_targets(ctx, opened)
+    targets = plan_targets(ctx, opened, job_holds_master)
     mine = {name: [t for t in targets if t.host != name] for name in opened}
     for name, o in opened.items():
         o.session.send("CONNECT", {"targets": [f"{_bracket(t.address)}:{t.port}"
@@ -194,7 +197,7 @@ def run_probe(ctx: DoctorContext, opened: dict[str, Opened]) -> ProbeResults:
         out.skipped["master_port"] = 'master_port = "auto"'
     elif master is None:
         out.skipped["master_port"] = f"{ctx.master.name} did not answer"
-    elif not master.ports.get(ctx.master_port):
+    elif not master.ports.get(ctx.master_port) and not job_holds_master:
         out.skipped["master_port"] = f"port {ctx.master_port} is busy on {ctx.master.name}"
     return out
 

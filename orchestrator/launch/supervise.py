@@ -188,14 +188,14 @@ class Supervision:
 
     def _check_rendezvous(self) -> None:
         """The watchdog: ranks that have not all joined within the bound are a rendezvous that
-        will not complete. Re-probe the master port from every node, say why, stop the job."""
+        will not complete. Re-probe the network as doctor does, say why, stop the job."""
         rdzv = self.rendezvous
         if rdzv is None or self.stop_sent or not rdzv.overdue(time.monotonic()):
             return
         self.cb.on_notice(f"the ranks have not all joined {rdzv.timeout:.0f}s after torchrun started "
-                          "on every host: re-probing the master port from every host")
-        reach = self.backend.reach(self.plan)
-        self.cause = rdzv.diagnose(reach, {name: run.tail for name, run in self.runs.items()})
+                          "on every host: re-probing the master port and the ports between the hosts")
+        probes = self.backend.reprobe(self.plan)
+        self.cause = rdzv.diagnose(probes, {name: run.tail for name, run in self.runs.items()})
         self.stop_all(False, "the rendezvous will not complete: stopping the job on every host (the cause "
                              "is in the summary)")
 

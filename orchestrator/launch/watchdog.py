@@ -16,9 +16,8 @@ from collections.abc import Mapping, Sequence
 
 from orchestrator.doctor.checks.firewall import probe_findings
 from orchestrator.doctor.context import from_job
-from orchestrator.doctor.model import Observations, ProbeOutcome, ProbeResults
+from orchestrator.doctor.model import Observations, ProbeResults
 from orchestrator.doctor.render import finding_text
-from orchestrator.launch.backends.base import Reach
 from orchestrator.launch.plan import LaunchPlan
 from orchestrator.remote.wire import RankPhase
 
@@ -88,7 +87,7 @@ class Rendezvous:
                     out[host] = f"{joined} of {n} rank(s) returned from init_process_group"
         return out
 
-    def diagnose(self, reach: Mapping[str, Reach], tails: Mapping[str, Sequence[str]]) -> str:
+    def diagnose(self, probes: ProbeResults, tails: Mapping[str, Sequence[str]]) -> str:
         """The cause, in doctor's words where the re-probe found one, then what the hosts that never
         joined last printed."""
         plan = self.plan
@@ -98,21 +97,16 @@ class Rendezvous:
         waiting = self.waiting()
         lines = [f"the ranks did not all join within {self.timeout:.0f}s: {stage} never completed"]
         lines += [f"  {host}: {how}" for host, how in waiting.items()]
-        master = plan.hosts[0].host.name
-        outcomes = [ProbeOutcome(host, master, plan.master_addr, plan.master_port, "master_port", r.ok,
-                                 r.kind, r.error) for host, r in reach.items() if r.kind != "no answer"]
-        peers = [o for o in outcomes if o.source != master] or outcomes  # "blocked between a and a" reads badly
         ctx = from_job(plan.job, master_port=plan.master_port)
-        findings = probe_findings(Observations(ctx, {}, {}, ProbeResults(peers)))
+        findings = probe_findings(Observations(ctx, {}, {}, probes))
         if findings:
-            lines.append(f"re-probe of the master port {where} from every host:")
+            lines.append("re-probe of the master port and the ports between the hosts (as ddpctl doctor does):")
             lines += ["  " + line for f in findings for line in finding_text(f).plain.splitlines()]
-            lines += [f"  {o.source} -> {where}: {o.kind}" for o in outcomes if o.source == master and not o.ok]
-        else:
-            lines.append(f"the master port {where} answers from every host, so the block is elsewhere "
-                         "(hostnames, NCCL/GLOO_SOCKET_IFNAME, ports between the ranks): run "
+        elif probes.outcomes:
+            lines.append(f"the master port {where} and the ports between the hosts answer from every host, so "
+                         "the block is elsewhere (hostnames, NCCL/GLOO_SOCKET_IFNAME): run "
                          f"`ddpctl doctor {plan.job.source or 'JOB_FILE'}`")
-        lines += [f"  {host}: could not re-probe: {r.error}" for host, r in reach.items() if r.kind == "no answer"]
+        lines += [f"  {host}: could not re-probe: {why}" for host, why in probes.errors.items()]
         for host in waiting:
             tail = [line for line in tails.get(host, []) if line.strip()][-TAIL_LINES:]
             lines.append(f"{host} last printed:" if tail else f"{host} printed nothing")

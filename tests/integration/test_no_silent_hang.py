@@ -155,3 +155,35 @@ def test_a_clean_launch_runs_the_checks_and_reports_nothing(cluster2: Cluster, t
     summary = only_summary(runs)
     assert summary["root_cause"] is None and summary["cause"] is None
     assert json.loads((runs / summary["job_id"] / "summary.json").read_text())["exit_code"] == 0
+
+
+def test_ports_between_the_ranks_dropped_but_the_master_port_open(make_cluster: Callable[[int], Cluster],
+                                                                  tmp_path: Path) -> None:
+    """A security group that lets only ssh and the master port in: torchrun's rendezvous completes,
+    Gloo's connections between the ranks never do."""
+    cluster = make_cluster(2)
+    port = 29614
+    for i in (0, 1):
+        for rule in (["-i", "lo", "-j", "ACCEPT"],
+                     ["-m", "conntrack", "--ctstate", "ESTABLISHED,RELATED", "-j", "ACCEPT"],
+                     ["-p", "tcp", "--dport", "22", "-j", "ACCEPT"],
+                     ["-p", "tcp", "--dport", str(port), "-j", "ACCEPT"],
+                     ["-p", "tcp", "-j", "DROP"]):
+            cluster.iptables(i, "-A", "INPUT", *rule)
+    job = write_job(tmp_path, cluster, "mesh", ["--epochs", "1"], port=port)
+    runs = tmp_path / "runs"
+
+    out = up(cluster, job, runs)
+    assert_nothing_started(out, runs)
+    assert "TCP on ephemeral ports (NCCL/Gloo)" in out.stderr and "is blocked between" in out.stderr
+
+    out = up(cluster, job, runs, "--no-checks", "--join-timeout", "8")
+    assert out.returncode == 1, out.stderr
+    assert "the ranks did not all join within 8s: init_process_group" in out.stderr
+    assert "node0: 0 of 2 rank(s) returned from init_process_group" in out.stderr
+    assert "re-probe of the master port and the ports between the hosts" in out.stderr
+    assert re.search(r"TCP on ephemeral ports \(NCCL/Gloo\) \d+(, \d+)? is blocked between node\d and node\d",
+                     out.stderr.split("rendezvous failed:")[1]), out.stderr
+    assert "TCP on the master port" not in out.stderr
+    summary = only_summary(runs)
+    wait_for(lambda: no_job_processes(cluster, summary["job_id"]), 30, "no process of the job left")

@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 
 from inventory import Host, Inventory, Job, Rendezvous
+from orchestrator.doctor.model import ProbeOutcome, ProbeResults
 from orchestrator.hostops.stacks import StacksReport
 from orchestrator.launch import core
-from orchestrator.launch.backends.base import DetachReport, Emit, Notice, Reach, Resolved
+from orchestrator.launch.backends.base import DetachReport, Emit, Notice, Resolved
 from orchestrator.launch.events import Alive, BackendEvent, Exited, Lost, Milestone, Output, Reported, Started
 from orchestrator.launch.inline import InlineProgram
 from orchestrator.launch.observer import Collected
@@ -46,8 +47,8 @@ class ScriptedBackend:
     closed: bool = False
     plan: LaunchPlan | None = None
     stopped: threading.Event = field(default_factory=threading.Event)
-    reachable: dict[str, Reach] = field(default_factory=dict)
-    reached: int = 0
+    probes: ProbeResults = field(default_factory=ProbeResults)
+    reprobed: int = 0
 
     def resolve(self, job: Job, options: LaunchOptions, notice: Notice, settle: bool) -> Resolved:
         notice(f"resolved (settle={settle})")
@@ -73,9 +74,9 @@ class ScriptedBackend:
     def stacks(self, plan: LaunchPlan) -> StacksReport:
         return StacksReport(plan.job_id)
 
-    def reach(self, plan: LaunchPlan) -> dict[str, Reach]:
-        self.reached += 1
-        return self.reachable
+    def reprobe(self, plan: LaunchPlan) -> ProbeResults:
+        self.reprobed += 1
+        return self.probes
 
 
 def emit_all(emit: Emit, events: Sequence[BackendEvent]) -> None:
@@ -192,9 +193,10 @@ def test_ranks_that_never_start_trip_the_watchdog_which_names_the_blocked_port(t
         emit_all(emit, [Started("a"), Started("b"), phase("a", 0, -1, "started"), Output("b", "connecting...")])
         until_stopped(b, emit)
 
-    backend = ScriptedBackend(script, reachable={"a": Reach(True, "ok"), "b": Reach(False, "timeout", "timed out")})
+    dropped = ProbeOutcome("b", "a", "198.18.0.1", 29555, "master_port", False, "timeout", "timed out")
+    backend = ScriptedBackend(script, probes=ProbeResults([dropped]))
     result, _out, _ = launch(script, tmp_path, join_timeout=0.5, backend=backend)
-    assert result.exit_code == 1 and backend.reached == 1
+    assert result.exit_code == 1 and backend.reprobed == 1
     assert result.cause is not None
     assert "torchrun's rendezvous at 198.18.0.1:29555 never completed" in result.cause
     assert "a: 1 of 2 rank(s) started" in result.cause and "b: 0 of 2 rank(s) started" in result.cause
@@ -213,7 +215,7 @@ def test_a_rank_still_busy_before_its_init_is_not_a_hang(tmp_path: Path) -> None
                  + [Exited("a", 0), Exited("b", 0)])
 
     result, _out, backend = launch(script, tmp_path, join_timeout=0.5)
-    assert result.exit_code == 0 and result.cause is None and backend.reached == 0
+    assert result.exit_code == 0 and result.cause is None and backend.reprobed == 0
 
 
 def test_every_rank_stuck_in_init_trips_the_watchdog_and_a_clear_port_points_elsewhere(tmp_path: Path) -> None:
@@ -222,11 +224,29 @@ def test_every_rank_stuck_in_init_trips_the_watchdog_and_a_clear_port_points_els
                                                        for p in ("started", "init")] + [phase("a", 0, 0, "joined")])
         until_stopped(b, emit)
 
-    backend = ScriptedBackend(script, reachable={"a": Reach(True, "ok"), "b": Reach(True, "ok")})
+    clear = ProbeResults([ProbeOutcome("b", "a", "198.18.0.1", 29555, "master_port", True, "ok"),
+                          ProbeOutcome("a", "b", "198.18.0.2", 40001, "ephemeral", True, "ok")])
+    backend = ScriptedBackend(script, probes=clear)
     result, _out, _ = launch(script, tmp_path, join_timeout=0.5, backend=backend)
     assert result.exit_code == 1 and result.cause is not None
     assert "init_process_group" in result.cause and "a: 1 of 2 rank(s) returned" in result.cause
-    assert "answers from every host, so the block is elsewhere" in result.cause
+    assert "answer from every host, so the block is elsewhere" in result.cause
+
+
+def test_the_watchdog_names_ports_between_the_hosts_that_a_firewall_drops(tmp_path: Path) -> None:
+    def script(b: ScriptedBackend, emit: Emit) -> None:
+        emit_all(emit, [Started("a"), Started("b")] + [phase(h, i, 0, p) for h in "ab" for i in (0, 1)
+                                                       for p in ("started", "init")])
+        until_stopped(b, emit)
+
+    mesh = ProbeResults([ProbeOutcome("b", "a", "198.18.0.1", 29555, "master_port", True, "ok"),
+                         ProbeOutcome("a", "b", "198.18.0.2", 40001, "ephemeral", False, "timeout", "timed out")],
+                        errors={"c": "no answer"})
+    result, _out, _ = launch(script, tmp_path, join_timeout=0.5, backend=ScriptedBackend(script, probes=mesh))
+    assert result.cause is not None
+    assert "TCP on ephemeral ports (NCCL/Gloo) 40001 is blocked between b and a" in result.cause
+    assert "a -> b 198.18.0.2:40001: timeout" in result.cause
+    assert "c: could not re-probe: no answer" in result.cause
 
 
 def test_the_root_cause_is_the_first_rank_error_in_time_not_the_first_host_to_exit(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from inventory import Job
+from orchestrator.doctor.model import ProbeResults
 from orchestrator.errors import HostError
 from orchestrator.hostops.stacks import StacksReport
 from orchestrator.launch.events import BackendEvent
@@ -21,14 +22,6 @@ from orchestrator.launch.plan import LaunchPlan
 
 Emit = Callable[[BackendEvent], None]
 
-
-@dataclass(frozen=True)
-class Reach:
-    """One node's TCP connect to the master port: ok, or refused / timeout / unreachable / ..."""
-
-    ok: bool
-    kind: str
-    error: str = ""
 Notice = Callable[[str], None]
 
 
@@ -72,6 +65,7 @@ class Backend(Protocol):
     def stacks(self, plan: LaunchPlan) -> StacksReport:
         """Every rank's Python stack (for hangs and --dump-on-interrupt)."""
 
-    def reach(self, plan: LaunchPlan) -> dict[str, Reach]:
-        """From every node, a TCP connect to the master port now (the rendezvous watchdog's
-        re-probe); a node that cannot be asked maps to its error."""
+    def reprobe(self, plan: LaunchPlan) -> ProbeResults:
+        """doctor's TCP probe, now, while the job waits at its rendezvous: every node dials the
+        master port (held by the job's store) and every other node; a node that cannot be asked
+        is in `errors`."""

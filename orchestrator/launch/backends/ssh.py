@@ -10,9 +10,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from inventory import Job
+from orchestrator.doctor.context import from_job
+from orchestrator.doctor.gather import close_all, open_sessions, run_probe
+from orchestrator.doctor.model import ProbeResults
 from orchestrator.errors import HostError
 from orchestrator.hostops.stacks import StacksReport, collect
-from orchestrator.launch.backends.base import DetachReport, Emit, Notice, Reach, Resolved
+from orchestrator.launch.backends.base import DetachReport, Emit, Notice, Resolved
 from orchestrator.launch.events import Alive, Exited, Lost, Milestone, Output, Problem, Reported, Started
 from orchestrator.launch.options import LaunchOptions
 from orchestrator.launch.plan import HostLaunch, LaunchPlan
@@ -24,7 +27,7 @@ from orchestrator.remote.transport import OutputLine, Transport
 from orchestrator.remote.wire import parse_detached, parse_rank_phase, parse_supervise
 
 HEARTBEAT_EVERY = 2.0  # each node's supervisor ends its job after LOST_AFTER without one
-REACH_TIMEOUT_S = 3.0  # the watchdog's re-probe: a connect that takes longer is dropped
+REPROBE_TIMEOUT_S = 20.0  # the watchdog's re-probe: each host's session must open within this
 
 
 def supervise_request(plan: LaunchPlan, launch: HostLaunch, options: LaunchOptions,
@@ -160,14 +163,12 @@ class SshBackend:
     def stacks(self, plan: LaunchPlan) -> StacksReport:
         return collect(self.pool, [hl.host for hl in plan.hosts], plan.job_id)
 
-    def reach(self, plan: LaunchPlan) -> dict[str, Reach]:
-        addr = f"[{plan.master_addr}]" if ":" in plan.master_addr else plan.master_addr
-
-        def one(transport: Transport) -> Reach:
-            reply = call_agent(transport, "connect", {"targets": [f"{addr}:{plan.master_port}"],
-                                                      "timeout": REACH_TIMEOUT_S}, timeout=30)
-            r = (reply.result.get("results") or [{}])[0]
-            return Reach(bool(r.get("ok")), str(r.get("kind") or "error"), str(r.get("error") or ""))
-
-        fan = self.pool.map([hl.host for hl in plan.hosts], one)
-        return {**fan.succeeded, **{name: Reach(False, "no answer", err.message) for name, err in fan.failed.items()}}
+    def reprobe(self, plan: LaunchPlan) -> ProbeResults:
+        ctx = from_job(plan.job, master_port=plan.master_port, timeout_s=REPROBE_TIMEOUT_S)
+        fan = open_sessions(self.pool, ctx, True, ("resolution",))
+        try:
+            probes = run_probe(ctx, fan.succeeded, job_holds_master=True)
+        finally:
+            close_all([o.session for o in fan.succeeded.values()])
+        probes.errors.update({name: err.message for name, err in fan.failed.items()})
+        return probes
