@@ -34,7 +34,7 @@ from orchestrator.launch.backends.ssh import SshBackend
 from orchestrator.remote.pool import DEFAULT_PARALLEL, make_pool
 
 JobArg = Annotated[Path | None, typer.Argument(help="Job file (job.toml); its hosts, env and "
-                                               "rendezvous are checked.", dir_okay=False)]
+                                               "rendezvous are checked.")]
 StrictOpt = Annotated[bool, typer.Option("--strict", help="Warnings count as errors (exit 1).")]
 MasterPortOpt = Annotated[int | None, typer.Option("--master-port", min=1, max=65535,
                                                    help="Master port to check (default: the "
@@ -51,9 +51,6 @@ def build_context(job_file: Path | None, inventory: Path | None, master_port: in
         raise ConfigError("give a job file or --inventory, not both", key="--inventory",
                           hint="the job file names its inventory; drop -i")
     if job_file is not None:
-        if not job_file.is_file():
-            raise ConfigError(f"job file {job_file} does not exist", file=job_file,
-                              hint="pass the path of a job.toml")
         overrides = JobOverrides(master_port=master_port) if master_port else None
         job = load_job(job_file, overrides)
         return from_job(job, master_port, timeout, use_cache), job

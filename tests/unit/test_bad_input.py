@@ -240,7 +240,8 @@ def test_cli_inventory_flag_naming_a_directory_exits_2(tmp_path: Path, command: 
 
 def test_cli_job_file_directory_exits_2(tmp_path: Path) -> None:
     (tmp_path / "job.toml").mkdir()
-    for command in (["up", str(tmp_path / "job.toml"), "--dry-run"], ["down", str(tmp_path / "job.toml")]):
+    for command in (["up", str(tmp_path / "job.toml"), "--dry-run"], ["down", str(tmp_path / "job.toml")],
+                    ["doctor", str(tmp_path / "job.toml")]):
         code, output = cli(*command)
         assert code == 2
         assert "job file is a directory, not a file" in output

@@ -72,7 +72,7 @@ def test_doctor_on_this_machine_prints_json_and_exits_0() -> None:
 
 
 @pytest.mark.parametrize(("args", "text"), [
-    (["doctor", "/nonexistent/job.toml"], "does not exist"),
+    (["doctor", "/nonexistent/job.toml"], "/nonexistent/job.toml: job file not found"),
     (["doctor", "--inventory", "/nonexistent/hosts.toml"], "hosts.toml"),
 ])
 def test_bad_input_exits_2_without_traceback(args: list[str], text: str) -> None:
