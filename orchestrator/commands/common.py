@@ -21,6 +21,9 @@ console = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isat
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+MAX_GRACE_S = 3600.0
+GraceOpt = Annotated[float, typer.Option("--grace", min=0, max=MAX_GRACE_S,
+                                         help="Seconds between SIGTERM and SIGKILL.")]
 SshConfigOpt = Annotated[
     Path | None, typer.Option("--ssh-config", help="OpenSSH config file (default ~/.ssh/config).",
                               exists=False, dir_okay=False, rich_help_panel="SSH")]

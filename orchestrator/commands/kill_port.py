@@ -15,6 +15,7 @@ from inventory import LOCALHOST, ConfigError, Host
 from orchestrator.commands.common import (
     AcceptNewOpt,
     ConnectTimeoutOpt,
+    GraceOpt,
     InventoryOpt,
     JsonOpt,
     KnownHostsOpt,
@@ -119,7 +120,7 @@ def kill_port_command(
     inventory: InventoryOpt = None,
     all_hosts: Annotated[bool, typer.Option("--all", help="Act on every inventory host.")] = False,
     udp: Annotated[bool, typer.Option("--udp", help="A UDP port instead of TCP.")] = False,
-    grace: Annotated[float, typer.Option("--grace", min=0, help="Seconds between SIGTERM and SIGKILL.")] = 5.0,
+    grace: GraceOpt = 5.0,
     force: Annotated[bool, typer.Option("--force", help="Also kill other users' processes and system services.")]
     = False,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,

@@ -16,6 +16,7 @@ from rich.text import Text
 from inventory import Inventory, load_job
 from orchestrator.commands.common import (
     AcceptNewOpt,
+    GraceOpt,
     InventoryOpt,
     JsonOpt,
     KnownHostsOpt,
@@ -87,7 +88,7 @@ def ps_command(
 def down_command(
     job: JobArg,
     inventory: InventoryOpt = None,
-    grace: Annotated[float, typer.Option("--grace", min=0, help="Seconds between SIGTERM and SIGKILL.")] = 10.0,
+    grace: GraceOpt = 10.0,
     as_json: JsonOpt = False,
     ssh_config: SshConfigOpt = None,
     known_hosts: KnownHostsOpt = None,

@@ -16,6 +16,7 @@ from inventory import ConfigError, Job, JobOverrides, NprocSpec, load_job, parse
 from orchestrator.commands.common import (
     AcceptNewOpt,
     ConnectTimeoutOpt,
+    GraceOpt,
     KnownHostsOpt,
     ParallelOpt,
     SshConfigOpt,
@@ -212,7 +213,7 @@ def up_command(
     detach: Annotated[bool, typer.Option("--detach", help="Start and return; see ddpctl ps/logs/down.")] = False,
     free_port: Annotated[bool, typer.Option(
         "--free-port", help="Kill a non-ddpctl holder of the master port.")] = False,
-    grace: Annotated[float, typer.Option("--grace", min=0, help="Seconds between SIGTERM and SIGKILL.")] = 10.0,
+    grace: GraceOpt = 10.0,
     runs_dir: Annotated[Path, typer.Option("--runs-dir", help="Where run logs and summary.json go.")] = Path("runs"),
     hang_timeout: Annotated[float | None, typer.Option(
         "--hang-timeout", min=1, help="No output from any rank for this many seconds: dump all stacks.",

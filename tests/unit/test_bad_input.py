@@ -322,3 +322,10 @@ def test_cli_down_json_of_an_unknown_job_exits_1(state_root: Path) -> None:
     assert result.exit_code == 1
     assert '"localhost": []' in result.output
     assert "no host has it running" in result.output
+
+
+@pytest.mark.parametrize("command", [["down", "some-job"], ["kill-port", "29521"], ["up", "job.toml"]])
+def test_a_grace_period_past_an_hour_is_refused_before_anything_runs(command: list[str]) -> None:
+    code, output = cli(*command, "--grace", "1e300")
+    assert code == 2
+    assert "--grace" in output and "3600" in output and "Traceback" not in output
