@@ -68,7 +68,7 @@ class Supervisor:
         (self.dir / "rankwrap.py").write_text(source)
         self.rank_dir.mkdir(exist_ok=True, mode=0o700)
 
-    def scan_ranks(self, emit: bool) -> None:
+    def scan_ranks(self) -> None:
         """Read milestone files not seen yet (started/init/joined/error) and report each once."""
         try:
             names = sorted(os.listdir(str(self.rank_dir)))
@@ -82,7 +82,7 @@ class Supervisor:
             except (OSError, ValueError):
                 continue  # being replaced: read it next time
             self.rank_records[name] = record
-            if emit and self.passthrough:
+            if self.passthrough:
                 try:
                     emit_event("rank", **record)
                 except (BrokenPipeError, OSError):
@@ -90,7 +90,7 @@ class Supervisor:
 
     def watch_ranks(self) -> None:
         while self.proc is not None and self.proc.poll() is None:
-            self.scan_ranks(emit=True)
+            self.scan_ranks()
             time.sleep(RANK_POLL_S)
 
     def env(self) -> Dict[str, str]:
@@ -228,7 +228,7 @@ class Supervisor:
             threading.Thread(target=self.watch_ranks, daemon=True).start()
         code = self.proc.wait()
         pump.join(10)
-        self.scan_ranks(emit=True)
+        self.scan_ranks()
         if self.stopping.is_set():
             end_job(self.job_id, self.proc.pid, self.grace, self.node_rank)  # stragglers
         errors = self.rank_errors()

@@ -24,6 +24,7 @@ from orchestrator.commands.common import (
     err_console,
     handle_errors,
 )
+from orchestrator.doctor.model import CheckStatus
 from orchestrator.doctor.render import finding_text, grouped
 from orchestrator.launch import core
 from orchestrator.launch.backends.ssh import SshBackend
@@ -155,8 +156,8 @@ def print_dry_run_limits(plan: LaunchPlan, checks: bool) -> None:
 
 def print_checks_failed(exc: ChecksFailed) -> None:
     """The pre-launch findings, as doctor prints them: errors, then warnings."""
-    shown = [f for f in exc.findings if f.status.value == "fail"] + [
-        f for f in exc.findings if f.status.value == "warn"]
+    shown = sorted((f for f in exc.findings if f.status in (CheckStatus.FAIL, CheckStatus.WARN)),
+                   key=lambda f: -f.status.rank)
     err_console.print(Text("ddpctl: the pre-launch checks found errors; no rank was started", style="bold red"))
     for finding, hosts in grouped(shown):
         err_console.print(finding_text(finding, hosts))

@@ -143,12 +143,7 @@ class Target:
 
 def probe_address(host: Host, facts: HostFacts | None) -> str:
     """The address peers dial: the source address of this host's route to the master."""
-    routes = ((facts.get("resolution") or {}).get("routes") or {}) if facts else {}
-    for route in routes.values():
-        src = route.get("src") if isinstance(route, dict) else None
-        if src and not str(src).startswith("127.") and route.get("type") != "local":
-            return str(src)
-    return host.address
+    return (facts.route_source if facts is not None else None) or host.address
 
 
 def plan_targets(ctx: DoctorContext, opened: dict[str, Opened], job_holds_master: bool = False) -> list[Target]:

@@ -29,7 +29,7 @@ from orchestrator.launch.observer import Observer
 from orchestrator.launch.options import LaunchOptions
 from orchestrator.launch.plan import HostLaunch, LaunchPlan
 from orchestrator.launch.result import HostRun, HostState, RankFailure, RunResult, root_cause, write_summary
-from orchestrator.launch.watchdog import Rendezvous
+from orchestrator.launch.watchdog import RendezvousWatch
 from orchestrator.remote.wire import RankError
 
 CHECK_EVERY = 0.5  # how often silent hosts and hangs are looked for
@@ -82,7 +82,7 @@ class Supervision:
         self.c10d = plan.job.rendezvous.backend == "c10d"
         self.failures: list[RankFailure] = []  # every rank error, as it is reported
         timeout = options.join_timeout if options.join_timeout is not None else plan.job.rendezvous.join_timeout
-        self.rendezvous = Rendezvous(plan, timeout) if timeout and all(hl.wrapped for hl in plan.hosts) else None
+        self.rendezvous = RendezvousWatch(plan, timeout) if timeout and all(hl.wrapped for hl in plan.hosts) else None
         self.cause: str | None = None  # what the watchdog diagnosed
 
     # -- control ----------------------------------------------------------------------------

@@ -26,7 +26,7 @@ ENTERED = ("init", "joined")
 TAIL_LINES = 5
 
 
-class Rendezvous:
+class RendezvousWatch:
     """The milestones of one job's ranks, and whether their rendezvous is overdue."""
 
     def __init__(self, plan: LaunchPlan, timeout: float) -> None:

@@ -146,6 +146,17 @@ class HostFacts:
         return str(self.facts.get("hostname") or self.host)
 
     @property
+    def route_source(self) -> str | None:
+        """The source address of this host's route to the master (not loopback, not the master's
+        own local route): the address its peers reach it at."""
+        routes = (self.facts.get("resolution") or {}).get("routes") or {}
+        for route in routes.values():
+            src = route.get("src") if isinstance(route, Mapping) else None
+            if src and not str(src).startswith("127.") and route.get("type") != "local":
+                return str(src)
+        return None
+
+    @property
     def cpu_count(self) -> int:
         return int(self.facts.get("cpu_count") or 1)
 

@@ -21,7 +21,8 @@ from orchestrator.launch.events import Alive, BackendEvent, Exited, Lost, Milest
 from orchestrator.launch.inline import InlineProgram
 from orchestrator.launch.observer import Collected
 from orchestrator.launch.options import LaunchOptions
-from orchestrator.launch.plan import LaunchPlan
+from orchestrator.launch.plan import LaunchPlan, build_plan
+from orchestrator.launch.watchdog import RendezvousWatch
 from orchestrator.remote.wire import RankError, RankPhase, SuperviseResult
 
 A = Host(name="a", address="198.18.0.1", python="/opt/py/bin/python")
@@ -206,16 +207,21 @@ def test_ranks_that_never_start_trip_the_watchdog_which_names_the_blocked_port(t
     assert json.loads((result.run_dir / "summary.json").read_text())["cause"] == result.cause
 
 
-def test_a_rank_still_busy_before_its_init_is_not_a_hang(tmp_path: Path) -> None:
-    def script(b: ScriptedBackend, emit: Emit) -> None:
-        emit_all(emit, [Started("a"), Started("b")] + [phase(h, i, 0, "started") for h in "ab" for i in (0, 1)]
-                 + [phase("a", 0, 0, "init"), phase("a", 1, 1, "init"), phase("b", 0, 2, "init")])
-        time.sleep(1.5)  # rank 3 loads its data for longer than the bound: nobody is judged
-        emit_all(emit, [phase("b", 1, 3, "init")] + [phase(h, i, 0, "joined") for h in "ab" for i in (0, 1)]
-                 + [Exited("a", 0), Exited("b", 0)])
-
-    result, _out, backend = launch(script, tmp_path, join_timeout=0.5)
-    assert result.exit_code == 0 and result.cause is None and backend.reprobed == 0
+def test_a_rank_still_busy_before_its_init_is_not_a_hang() -> None:
+    rdzv = RendezvousWatch(build_plan(make_job(), "t-1", {"a": 2, "b": 2}, 29555), timeout=0.5)
+    rdzv.started("a")
+    rdzv.started("b")
+    for host, local, rank in (("a", 0, 0), ("a", 1, 1), ("b", 0, 2), ("b", 1, 3)):
+        rdzv.saw(host, RankPhase(local, rank, "started", 0.0, None))
+        if rank != 3:
+            rdzv.saw(host, RankPhase(local, rank, "init", 0.0, None))
+    much_later = time.monotonic() + 1000  # rank 3 loads its data for far longer than the bound
+    assert not rdzv.overdue(much_later)
+    rdzv.saw("b", RankPhase(1, 3, "init", 0.0, None))  # every rank waits in init_process_group now
+    assert not rdzv.overdue(time.monotonic()) and rdzv.overdue(much_later)
+    for host, local, rank in (("a", 0, 0), ("a", 1, 1), ("b", 0, 2), ("b", 1, 3)):
+        rdzv.saw(host, RankPhase(local, rank, "joined", 0.0, None))
+    assert not rdzv.overdue(much_later) and rdzv.done
 
 
 def test_every_rank_stuck_in_init_trips_the_watchdog_and_a_clear_port_points_elsewhere(tmp_path: Path) -> None:

@@ -32,15 +32,6 @@ def compared_address(hf: HostFacts) -> str | None:
     return str((v4 or master)[0]["address"]) if master else None
 
 
-def own_address(hf: HostFacts, fallback: str) -> str:
-    """The address this host reaches the master from (its route's source), else `fallback`."""
-    for route in ((hf.get("resolution") or {}).get("routes") or {}).values():
-        src = route.get("src") if isinstance(route, dict) else None
-        if src and not is_loopback(str(src)):
-            return str(src)
-    return fallback
-
-
 def host_findings(host: str, hf: HostFacts, addr: str, local_only: bool,
                   master_ip: str | None) -> list[Finding]:
     if hf.errors.get("resolution"):
@@ -114,7 +105,7 @@ def own_hostname(obs: Observations, local_only: bool) -> list[Finding]:
         if not gathered or hf.get("hostname_resolution"):
             continue
         hostname = hf.get("hostname") or host
-        address = own_address(hf, by_name[host].address if host in by_name else host)
+        address = hf.route_source or (by_name[host].address if host in by_name else host)
         out.append(fail(CHECK, host, f"hostname {hostname} of {host} does not resolve on {host}, "
                         "and the c10d rendezvous looks it up",
                         hf.errors.get("hostname_resolution", "getaddrinfo found no address"),
