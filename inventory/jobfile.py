@@ -27,6 +27,7 @@ from inventory.fields import (
 from inventory.hostrange import expand_hostnames
 from inventory.loading import load_inventory
 from inventory.model import (
+    LOCALHOST,
     Host,
     Inventory,
     Job,
@@ -35,9 +36,10 @@ from inventory.model import (
     Rendezvous,
     local_inventory,
 )
+from inventory.slurm import SlurmSpec, read_slurm
 from inventory.tomlsource import FlagReporter, Reporter, TomlFile, read_toml, toml_files_in
 
-JOB_FILE_KEYS = ("inventory", "job", "rendezvous", "env")
+JOB_FILE_KEYS = ("inventory", "job", "rendezvous", "env", "slurm")
 JOB_KEYS = ("name", "script", "module", "args", "nproc_per_node", "hosts")
 RENDEZVOUS_KEYS = ("master_addr", "master_port", "backend", "join_timeout")
 MAX_JOIN_TIMEOUT_S = 86400
@@ -108,9 +110,17 @@ def load_job(path: Path, overrides: JobOverrides | None = None) -> Job:
     spec = _read_spec(doc, section, inventory)
     if overrides is not None:
         spec = _apply_overrides(spec, overrides, inventory)
-    _check_master(doc, spec, inventory)
-    if entry.script is not None:
-        _check_script(doc, entry.script, base_dir, spec.hosts)
+    slurm = _slurm(doc, overrides.backend if overrides is not None else None)
+    if slurm is None:
+        _check_master(doc, spec, inventory)
+    elif spec.master_addr is not None:
+        raise doc.error("rendezvous.master_addr", "master_addr does not apply to a Slurm job: the "
+                        "rendezvous runs on the first node of the allocation",
+                        "remove master_addr (or run it over SSH with --backend ssh)", value=spec.master_addr)
+    if slurm is not None:
+        _check_slurm_nproc(doc, spec.nproc, slurm)
+    if entry.script is not None and (slurm is None or (slurm.login is None and slurm.workdir is None)):
+        _check_script(doc, entry.script, base_dir, spec.hosts if slurm is None else (LOCALHOST,))
     return Job(
         name=name,
         inventory=inventory,
@@ -123,7 +133,27 @@ def load_job(path: Path, overrides: JobOverrides | None = None) -> Job:
         env=MappingProxyType(dict(spec.env)),
         source=path,
         base_dir=base_dir,
+        slurm=slurm,
     )
+
+
+def _check_slurm_nproc(doc: Reporter, nproc: NprocSpec, slurm: SlurmSpec) -> None:
+    """On Slurm, "gpu" and "cpu" are read from what the job asks for, not from a host."""
+    if nproc == "gpu" and not slurm.gpus_per_node:
+        raise doc.error("job.nproc_per_node", 'nproc_per_node = "gpu" on Slurm needs slurm.gpus_per_node',
+                        "set [slurm] gpus_per_node = N (one rank per GPU), or give nproc_per_node a number")
+    if nproc == "cpu" and not slurm.cpus_per_task:
+        raise doc.error("job.nproc_per_node", 'nproc_per_node = "cpu" on Slurm needs slurm.cpus_per_task',
+                        "set [slurm] cpus_per_task = N, or give nproc_per_node a number")
+
+
+def _slurm(doc: TomlFile, backend: str | None) -> SlurmSpec | None:
+    """The [slurm] table selects Slurm; --backend overrides it either way."""
+    if backend == "ssh":
+        return None
+    if "slurm" in doc.data:
+        return read_slurm(doc, "slurm", expect_table(doc, "slurm", doc.data["slurm"]))
+    return SlurmSpec() if backend == "slurm" else None
 
 
 def _job_inventory(doc: TomlFile, base_dir: Path) -> Inventory:

@@ -7,7 +7,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from inventory.slurm import SlurmSpec
 
 NprocSpec = int | Literal["gpu", "cpu", "auto"]
 GpuSpec = int | Literal["auto"]
@@ -83,6 +86,11 @@ class Job:
     env: Mapping[str, str] = field(default_factory=lambda: _frozen_env(None))
     source: Path | None = None  # the job file
     base_dir: Path = field(default_factory=Path.cwd)  # directory of the job file
+    slurm: SlurmSpec | None = None  # set: the job runs on Slurm ([slurm] or --backend slurm)
+
+    @property
+    def backend(self) -> Literal["ssh", "slurm"]:
+        return "slurm" if self.slurm is not None else "ssh"
 
     @property
     def master_host(self) -> Host:
@@ -115,3 +123,4 @@ class JobOverrides:
     master_port: int | Literal["auto"] | None = None
     env: tuple[tuple[str, str], ...] = ()
     hosts: tuple[str, ...] | None = None
+    backend: Literal["ssh", "slurm"] | None = None  # None: [slurm] in the job file decides

@@ -24,6 +24,7 @@ OPS: Dict[str, str] = {
     "down": "node_agent.jobs:down",
     "logs": "node_agent.jobs:logs",
     "stacks": "node_agent.stacks:dump",
+    "follow": "node_agent.follow:follow",
 }
 
 

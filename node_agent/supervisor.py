@@ -8,6 +8,7 @@ to every process carrying DDPCTL_JOB_ID, SIGKILL after the grace period.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import os
@@ -40,7 +41,8 @@ class Supervisor:
     def __init__(self, request: Dict[str, Any], detached: bool) -> None:
         self.request = request
         self.job_id = str(request["job_id"])
-        self.node_rank = int(request.get("node_rank", 0))
+        rank_env = request.get("node_rank_env")  # a scheduler numbers the nodes (Slurm: SLURM_PROCID)
+        self.node_rank = int(os.environ[rank_env] if rank_env else request.get("node_rank", 0))
         self.grace = float(request.get("grace", 10.0))
         self.heartbeat_timeout = float(request.get("heartbeat_timeout", 20.0))
         self.detached = detached
@@ -149,6 +151,13 @@ class Supervisor:
                          args=(self.job_id, self.proc.pid, 0.0 if force else self.grace, self.node_rank),
                          daemon=True).start()
 
+    def forward(self, signum: int, frame: Any) -> None:
+        """A batch scheduler's early warning (e.g. SIGUSR1 before the time limit) goes on to
+        torchrun, which passes it to every rank (--signals-to-handle)."""
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(OSError):
+                os.kill(self.proc.pid, signum)
+
     def pump_output(self) -> None:
         assert self.proc is not None and self.proc.stdout is not None
         with open(str(self.log_path), "ab", buffering=0) as log:
@@ -219,10 +228,13 @@ class Supervisor:
                    log=str(self.log_path), hostname=socket.gethostname())
         for sig in (signal.SIGHUP, signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda s, f: self.stop("supervisor got signal %d" % s))
+        for name in self.request.get("forward_signals") or ():
+            signal.signal(getattr(signal, "SIG" + str(name)), self.forward)
         pump = threading.Thread(target=self.pump_output, daemon=True)
         pump.start()
         if control is not None:
             threading.Thread(target=self.read_control, args=(control,), daemon=True).start()
+        if control is not None or self.request.get("batch"):
             threading.Thread(target=self.watch_heartbeat, daemon=True).start()
         if self.wrap:
             threading.Thread(target=self.watch_ranks, daemon=True).start()
@@ -273,4 +285,6 @@ def supervise(request: Dict[str, Any], control: BinaryIO) -> Dict[str, Any]:
     if request.get("detach"):
         return _daemonize(request)
     sys.stdout.flush()
-    return Supervisor(request, detached=False).run(control)
+    # "batch": a scheduler (Slurm) started this node: no control channel (stdin is a file), its
+    # signals stop the job, heartbeats still go out with the output
+    return Supervisor(request, detached=False).run(None if request.get("batch") else control)

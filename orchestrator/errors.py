@@ -18,6 +18,7 @@ class HostErrorKind(str, enum.Enum):
     LOST = "lost"  # the connection died while a command ran
     AGENT = "agent"  # the node agent could not run or answered garbage
     PROTOCOL = "protocol"
+    SLURM = "slurm"  # a Slurm command is missing or refused the request
 
 
 @dataclass

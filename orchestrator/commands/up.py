@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import shlex
 import signal
 from pathlib import Path
 from typing import Annotated
@@ -27,13 +28,14 @@ from orchestrator.commands.common import (
 from orchestrator.doctor.model import CheckStatus
 from orchestrator.doctor.render import finding_text, grouped
 from orchestrator.launch import core
+from orchestrator.launch.backends.slurm import SlurmBackend
 from orchestrator.launch.backends.ssh import SshBackend
 from orchestrator.launch.observer import plan_summary
 from orchestrator.launch.options import LaunchOptions, OnHang
 from orchestrator.launch.plan import LaunchPlan, mask_env
 from orchestrator.launch.preflight import LAUNCH_CHECKS, ChecksFailed
 from orchestrator.launch.result import HostRun, HostState, RunResult
-from orchestrator.remote.pool import make_pool
+from orchestrator.remote.pool import HostPool, make_pool
 
 HOST_COLOURS = ["cyan", "magenta", "green", "yellow", "blue", "bright_red", "bright_cyan",
                 "bright_magenta", "bright_green", "bright_yellow"]
@@ -71,13 +73,22 @@ class OnHangChoice(str, enum.Enum):
         return "stop" if self is OnHangChoice.stop else "report"
 
 
+class BackendChoice(str, enum.Enum):
+    ssh = "ssh"
+    slurm = "slurm"
+
+
+def make_backend(pool: HostPool, job: Job) -> SshBackend | SlurmBackend:
+    return SlurmBackend(pool, job) if job.slurm is not None else SshBackend(pool)
+
+
 class Printer:
     """Renders launch progress: host-prefixed lines, colour per host on a terminal, and there a
     live status line per host (connecting -> running -> exited code); plain lines otherwise."""
 
-    def __init__(self, job: Job) -> None:
-        self.colour = {h.name: HOST_COLOURS[i % len(HOST_COLOURS)] for i, h in enumerate(job.hosts)}
-        self.width = max(len(h.name) for h in job.hosts)
+    def __init__(self, hosts: list[str]) -> None:
+        self.colour = {h: HOST_COLOURS[i % len(HOST_COLOURS)] for i, h in enumerate(hosts)}
+        self.width = max(len(h) for h in hosts)
         self.states: dict[str, HostRun] = {}
         self.live: Live | None = None
 
@@ -141,6 +152,18 @@ def print_dry_run(plan: LaunchPlan) -> None:
         console.print("  command: " + hl.display(f"{state}/torchrun", f"{state}/rankwrap.py"), markup=False)
         for key, value in sorted(mask_env(hl.env).items()):
             console.print(f"  env: {key}={value}", markup=False)
+
+
+def print_slurm_dry_run(plan: LaunchPlan, runner: SlurmBackend) -> None:
+    """The batch script as sbatch gets it, and the env each node's supervisor reads from its
+    0600 request file (secrets masked)."""
+    argv, script, env = runner.dry_run(plan)
+    console.print(f"job {plan.job.name} ({plan.job_id}) on Slurm ({runner.client.where}): "
+                  f"{len(plan.hosts)} node(s) x {plan.hosts[0].nproc}, world size {plan.world_size}", markup=False)
+    console.print(f"each node: {plan.hosts[0].display('<state>/torchrun', '<state>/rankwrap.py')}", markup=False)
+    console.print(f"submit: {shlex.join(argv)}\n\n{script}", markup=False)
+    for key, value in sorted(env.items()):
+        console.print(f"env (in the 0600 request, not the script): {key}={value}", markup=False)
 
 
 def print_dry_run_limits(plan: LaunchPlan, checks: bool) -> None:
@@ -210,6 +233,9 @@ def up_command(
     master_port: Annotated[str | None, typer.Option("--master-port", help="Port number or auto.")] = None,
     env: Annotated[list[str] | None, typer.Option("--env", "-e", help="KEY=VALUE, repeatable.")] = None,
     hosts: Annotated[str | None, typer.Option("--hosts", help="Comma-separated subset, in node-rank order.")] = None,
+    backend: Annotated[BackendChoice | None, typer.Option(
+        "--backend", help="ssh (the inventory's hosts) or slurm (sbatch); default: slurm when the job "
+        "file has a [slurm] table.")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print each host's command and env; run nothing.")] = False,
     detach: Annotated[bool, typer.Option("--detach", help="Start and return; see ddpctl ps/logs/down.")] = False,
     free_port: Annotated[bool, typer.Option(
@@ -244,24 +270,28 @@ def up_command(
     overrides = JobOverrides(
         nproc_per_node=parse_nproc(nproc_per_node), master_port=parse_port(master_port),  # type: ignore[arg-type]
         env=tuple(parse_env_assignment(e) for e in env or ()),
-        hosts=(hosts,) if hosts else None)
+        hosts=(hosts,) if hosts else None, backend=backend.value if backend else None)
     job = load_job(job_file, overrides)
     options = LaunchOptions(grace=grace, hang_timeout=hang_timeout, on_hang=on_hang.as_literal(),
                             dump_on_interrupt=dump_on_interrupt, nccl_debug=nccl_debug, free_port=free_port,
                             runs_dir=runs_dir, checks=not no_checks, join_timeout=join_timeout)
-    printer = Printer(job)
     with make_pool(ssh_config, known_hosts, accept_new_host_keys, parallel, connect_timeout) as pool:
-        backend = SshBackend(pool)
+        runner = make_backend(pool, job)
         try:
             if dry_run:
-                plan = core.plan_job(job, backend, options)
+                plan = core.plan_job(job, runner, options)
+                if isinstance(runner, SlurmBackend):
+                    print_slurm_dry_run(plan, runner)
+                    return
                 print_dry_run(plan)
                 print_dry_run_limits(plan, options.checks)
                 return
+            printer = Printer([hl.host.name for hl in core.plan_job(job, runner, options).hosts]
+                              if isinstance(runner, SlurmBackend) else [h.name for h in job.hosts])
             if detach:
-                print_detached(core.detach(job, backend, printer, options))
+                print_detached(core.detach(job, runner, printer, options))
             with printer:
-                result = core.launch(job, backend, printer, options)
+                result = core.launch(job, runner, printer, options)
         except ChecksFailed as exc:
             print_checks_failed(exc)
             raise typer.Exit(1) from None
@@ -279,6 +309,11 @@ def print_detached(out: core.Detached) -> None:
     for err in out.report.failed.values():
         notice(f"{err.host}: {err.message}")
     job_id = out.plan.job_id
+    if out.report.slurm_job_id is not None:
+        where = f" {out.plan.job.source}" if out.plan.job.source else ""
+        notice(f"detached: submitted Slurm job {out.report.slurm_job_id} ({job_id}). "
+               f"Follow: ddpctl logs{where or ' ' + job_id} -f; stop: ddpctl down{where or ' ' + job_id}")
+        raise typer.Exit(0)
     notice(f"detached: started on {len(out.report.started)} host(s). "
            f"Follow: ddpctl logs {job_id} -f; stop: ddpctl down {job_id}")
     raise typer.Exit(0 if not out.report.failed else 1)

@@ -4,7 +4,7 @@ all come through here; progress goes to an Observer, never to print."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from inventory import Job
 from orchestrator.launch.backends.base import Backend, DetachReport
@@ -28,6 +28,8 @@ def plan_job(job: Job, backend: Backend, options: LaunchOptions | None = None, *
     options = options or LaunchOptions()
     notice = observer.on_notice if observer is not None else _quiet
     resolved = backend.resolve(job, options, notice, settle)
+    if resolved.hosts is not None:
+        job = replace(job, hosts=resolved.hosts)
     return build_plan(job, new_job_id(job.name), resolved.nprocs, resolved.master_port, inline)
 
 

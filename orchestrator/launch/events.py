@@ -71,4 +71,12 @@ class Milestone:
     phase: RankPhase
 
 
-BackendEvent = Started | Output | Alive | Problem | Reported | Exited | Lost | Milestone
+@dataclass(frozen=True)
+class Notice:
+    """What the backend has to say about the job as a whole (queued, requeued, where it runs)."""
+
+    host: str
+    text: str
+
+
+BackendEvent = Started | Output | Alive | Problem | Reported | Exited | Lost | Milestone | Notice

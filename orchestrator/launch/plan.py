@@ -16,6 +16,7 @@ from orchestrator.launch.inline import InlineProgram
 
 SECRET_PATTERN = re.compile(r"TOKEN|KEY|PASSWORD|PASSWD|SECRET|CREDENTIAL", re.IGNORECASE)
 MASK = "***"
+SLURM_RDZV_ENV = "PET_RDZV_ENDPOINT"  # torchrun's --rdzv-endpoint, from the environment
 
 
 def new_job_id(name: str) -> str:
@@ -82,7 +83,11 @@ def launcher_argv(job: Job, host: Host, node_rank: int, nproc: int, master_addr:
                   master_port: int, job_id: str, inline: bool = False) -> list[str]:
     argv = [host.python, "-m", "torch.distributed.run", "--nnodes", str(len(job.hosts)),
             "--nproc-per-node", str(nproc)]
-    if job.rendezvous.backend == "c10d":
+    if job.slurm is not None:  # the endpoint is the allocation's first node: the batch script sets it
+        argv += ["--rdzv-backend", "c10d", "--rdzv-id", job_id]
+        if job.slurm.requeue:  # the early warning reaches the ranks as a Python signal
+            argv += ["--signals-to-handle", f"SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIG{job.slurm.signal_name}"]
+    elif job.rendezvous.backend == "c10d":
         argv += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"{_bracket(master_addr)}:{master_port}",
                  "--rdzv-id", job_id]
     else:
@@ -109,6 +114,8 @@ def build_plan(job: Job, job_id: str, nprocs: Mapping[str, int], master_port: in
     """One HostLaunch per selected host, in node-rank order. `nprocs` is resolved per host;
     `inline` replaces the job's script with a program shipped on the command line."""
     master_addr = "127.0.0.1" if all(h.is_local for h in job.hosts) else job.master_address
+    if job.slurm is not None:
+        master_addr = f"${SLURM_RDZV_ENV}"
     launches = []
     for rank, host in enumerate(job.hosts):
         nproc = nprocs[host.name]

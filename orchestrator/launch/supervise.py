@@ -9,17 +9,18 @@ import queue
 import re
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import IO
 
-from orchestrator.launch.backends.base import Backend
+from orchestrator.launch.backends.base import LOST_AFTER, Backend
 from orchestrator.launch.events import (
     Alive,
     BackendEvent,
     Exited,
     Lost,
     Milestone,
+    Notice,
     Output,
     Problem,
     Reported,
@@ -33,17 +34,21 @@ from orchestrator.launch.watchdog import RendezvousWatch
 from orchestrator.remote.wire import RankError
 
 CHECK_EVERY = 0.5  # how often silent hosts and hangs are looked for
-LOST_AFTER = 15.0  # no line or heartbeat from a host for this long: the host is lost
 TORCHRUN_PREFIX = re.compile(r"^\[(?P<role>[A-Za-z_]*?)(?P<local>\d+)\]:(?P<text>.*)$")
 
 
-def split_rank(launch: HostLaunch, text: str, c10d: bool) -> tuple[str | None, str]:
-    """torchrun --tee prefixes worker lines with [role<local rank>]:; map that to a global rank."""
+def split_rank(launch: HostLaunch, text: str, c10d: bool,
+               known: Mapping[tuple[str, int], int] | None = None) -> tuple[str | None, str]:
+    """torchrun --tee prefixes worker lines with [role<local rank>]:; map that to a global rank:
+    from the node rank (static), or as the rank reported it (c10d assigns node ranks itself)."""
     m = TORCHRUN_PREFIX.match(text)
     if not m:
         return None, text
     local = int(m.group("local"))
-    return (f"local{local}" if c10d else str(launch.rank_of(local))), m.group("text")
+    if not c10d:
+        return str(launch.rank_of(local)), m.group("text")
+    rank = (known or {}).get((launch.host.name, local))
+    return (f"local{local}" if rank is None else str(rank)), m.group("text")
 
 
 @contextlib.contextmanager
@@ -79,11 +84,12 @@ class Supervision:
         self.stop_sent = False
         self.hang_dumped = False
         self.hung = False
-        self.c10d = plan.job.rendezvous.backend == "c10d"
+        self.c10d = plan.job.rendezvous.backend == "c10d" or plan.job.slurm is not None
         self.failures: list[RankFailure] = []  # every rank error, as it is reported
         timeout = options.join_timeout if options.join_timeout is not None else plan.job.rendezvous.join_timeout
         self.rendezvous = RendezvousWatch(plan, timeout) if timeout and all(hl.wrapped for hl in plan.hosts) else None
         self.cause: str | None = None  # what the watchdog diagnosed
+        self.global_ranks: dict[tuple[str, int], int] = {}  # (host, local rank) -> rank, as the ranks said
 
     # -- control ----------------------------------------------------------------------------
     def stop_all(self, force: bool, reason: str) -> None:
@@ -112,7 +118,11 @@ class Supervision:
             self.cb.on_state(run)
             if self.rendezvous is not None:
                 self.rendezvous.started(event.host)
+        elif isinstance(event, Notice):
+            self.cb.on_notice(event.text)
         elif isinstance(event, Milestone):
+            if event.phase.local_rank is not None and event.phase.rank is not None:
+                self.global_ranks[(event.host, event.phase.local_rank)] = event.phase.rank
             if self.rendezvous is not None:
                 self.rendezvous.saw(event.host, event.phase)
             if event.phase.error is not None:
@@ -134,7 +144,7 @@ class Supervision:
 
     def _output(self, run: HostRun, text: str) -> None:
         self.last_output = time.monotonic()
-        rank, shown = split_rank(self.plan.hosts[run.node_rank], text, self.c10d)
+        rank, shown = split_rank(self.plan.hosts[run.node_rank], text, self.c10d, self.global_ranks)
         self.logs[run.host].write(text + "\n")
         run.tail = [*run.tail[-29:], text]
         self.cb.on_line(run.host, rank, shown)

@@ -10,19 +10,22 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
-from inventory import Job
+from inventory import Host, Job
 from orchestrator.doctor.model import ProbeResults
 from orchestrator.errors import HostError
 from orchestrator.hostops.stacks import StacksReport
 from orchestrator.launch.events import BackendEvent
 from orchestrator.launch.options import LaunchOptions
-from orchestrator.launch.plan import LaunchPlan
+from orchestrator.launch.plan import HostLaunch, LaunchPlan
 
 Emit = Callable[[BackendEvent], None]
 
 Notice = Callable[[str], None]
+
+LOST_AFTER = 15.0  # no line or heartbeat from a node for this long: it is lost (and a node's
+# supervisor ends its job after as long without a heartbeat from us)
 
 
 @dataclass(frozen=True)
@@ -31,6 +34,7 @@ class Resolved:
 
     nprocs: dict[str, int]
     master_port: int
+    hosts: tuple[Host, ...] | None = None  # the nodes, where the backend names them (Slurm's)
 
 
 @dataclass
@@ -39,6 +43,17 @@ class DetachReport:
 
     started: dict[str, int | None] = field(default_factory=dict)  # host -> its supervisor's pid
     failed: dict[str, HostError] = field(default_factory=dict)
+    slurm_job_id: str | None = None  # the batch job, where the backend is Slurm
+
+
+def supervise_request(plan: LaunchPlan, launch: HostLaunch, options: LaunchOptions,
+                      detach: bool) -> dict[str, Any]:
+    """What a node's supervisor (node_agent/supervisor.py) is asked to run."""
+    return {"job_id": plan.job_id, "job_name": plan.job.name, "node_rank": launch.node_rank,
+            "launcher": list(launch.launcher), "program": list(launch.program),
+            "env": dict(launch.env), "cwd": launch.cwd, "grace": options.grace,
+            "heartbeat_timeout": 0 if detach else LOST_AFTER, "detach": detach,
+            "nccl_debug": options.nccl_debug, "wrap": launch.wrapped}
 
 
 class Backend(Protocol):

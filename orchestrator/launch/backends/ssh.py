@@ -7,7 +7,6 @@ import contextlib
 import json
 import threading
 from collections.abc import Sequence
-from typing import Any
 
 from inventory import Job
 from orchestrator.doctor.context import from_job
@@ -15,12 +14,11 @@ from orchestrator.doctor.gather import close_all, open_sessions, run_probe
 from orchestrator.doctor.model import ProbeResults
 from orchestrator.errors import HostError
 from orchestrator.hostops.stacks import StacksReport, collect
-from orchestrator.launch.backends.base import DetachReport, Emit, Notice, Resolved
+from orchestrator.launch.backends.base import DetachReport, Emit, Notice, Resolved, supervise_request
 from orchestrator.launch.events import Alive, Exited, Lost, Milestone, Output, Problem, Reported, Started
 from orchestrator.launch.options import LaunchOptions
 from orchestrator.launch.plan import HostLaunch, LaunchPlan
 from orchestrator.launch.preflight import gather, resolve_nprocs, settle_master_port
-from orchestrator.launch.supervise import LOST_AFTER
 from orchestrator.remote.agent import AgentEvent, AgentResult, AgentStream, call_agent, start_agent
 from orchestrator.remote.pool import HostPool
 from orchestrator.remote.transport import OutputLine, Transport
@@ -28,15 +26,6 @@ from orchestrator.remote.wire import parse_detached, parse_rank_phase, parse_sup
 
 HEARTBEAT_EVERY = 2.0  # each node's supervisor ends its job after LOST_AFTER without one
 REPROBE_TIMEOUT_S = 20.0  # the watchdog's re-probe: each host's session must open within this
-
-
-def supervise_request(plan: LaunchPlan, launch: HostLaunch, options: LaunchOptions,
-                      detach: bool) -> dict[str, Any]:
-    return {"job_id": plan.job_id, "job_name": plan.job.name, "node_rank": launch.node_rank,
-            "launcher": list(launch.launcher), "program": list(launch.program),
-            "env": dict(launch.env), "cwd": launch.cwd, "grace": options.grace,
-            "heartbeat_timeout": 0 if detach else LOST_AFTER, "detach": detach,
-            "nccl_debug": options.nccl_debug, "wrap": launch.wrapped}
 
 
 class SshBackend:

@@ -1,0 +1,164 @@
+"""The job file's `[slurm]` table: what to ask Slurm for, and how to start torchrun on its nodes."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from inventory.fields import check_keys, describe, expect_int, expect_str, expect_str_list, expect_token
+from inventory.tomlsource import Reporter
+
+SLURM_KEYS = ("nodes", "partition", "account", "qos", "time", "gpus_per_node", "cpus_per_task", "mem",
+              "constraint", "python", "extra_sbatch", "setup", "requeue", "signal", "login", "workdir")
+MAX_NODES = 100_000
+MAX_SIGNAL_LEAD_S = 65535  # Slurm's own bound on --signal's time
+SIGNALS = ("USR1", "USR2", "TERM", "INT", "HUP", "QUIT", "URG")
+DEFAULT_SIGNAL = "USR1@90"
+
+# Slurm's --time forms: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S
+_TIME = re.compile(r"^(?:(?P<d>\d+)-(?P<dh>\d+)(?::(?P<dm>\d+)(?::(?P<ds>\d+))?)?"
+                   r"|(?P<a>\d+)(?::(?P<b>\d+)(?::(?P<c>\d+))?)?)$")
+_MEM = re.compile(r"^\d+[KMGT]?$")
+_SIGNAL = re.compile(r"^(?:B:)?(?:SIG)?(?P<name>[A-Z0-9]+)(?:@(?P<lead>\d+))?$")
+
+
+def time_seconds(text: str) -> int | None:
+    """Seconds of a Slurm time limit ("30", "1:30:00", "2-00:00:00"); None for UNLIMITED/INFINITE
+    or a form Slurm does not take."""
+    m = _TIME.match(text.strip())
+    if m is None:
+        return None
+    if m.group("d") is not None:
+        d, h, mi, s = (int(m.group(k) or 0) for k in ("d", "dh", "dm", "ds"))
+        return ((d * 24 + h) * 60 + mi) * 60 + s
+    parts = [int(p) for p in (m.group("a"), m.group("b"), m.group("c")) if p is not None]
+    if len(parts) == 1:
+        return parts[0] * 60  # minutes
+    if len(parts) == 2:
+        return parts[0] * 60 + parts[1]  # minutes:seconds
+    return (parts[0] * 60 + parts[1]) * 60 + parts[2]
+
+
+@dataclass(frozen=True)
+class SlurmSpec:
+    """What `sbatch` is asked for and how each node starts its torchrun (one per node)."""
+
+    nodes: int = 1
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    time: str | None = None  # Slurm's own syntax, e.g. "01:00:00"
+    gpus_per_node: int | None = None
+    cpus_per_task: int | None = None
+    mem: str | None = None  # per node, e.g. "64G"
+    constraint: str | None = None
+    python: str = "python3"  # the interpreter on the nodes
+    extra_sbatch: tuple[str, ...] = ()  # raw sbatch options, one per #SBATCH line
+    setup: tuple[str, ...] = ()  # shell lines run on each node before torchrun
+    requeue: bool = False
+    signal: str = DEFAULT_SIGNAL  # NAME@seconds before the time limit, sent to the batch shell
+    login: str | None = None  # run the Slurm commands there over SSH (else: here)
+    workdir: str | None = None  # the job's directory on the cluster (default: the job file's)
+
+    @property
+    def signal_name(self) -> str:
+        m = _SIGNAL.match(self.signal)
+        return m.group("name") if m else "USR1"
+
+    @property
+    def signal_lead_s(self) -> int:
+        m = _SIGNAL.match(self.signal)
+        return int(m.group("lead") or 60) if m else 90
+
+    @property
+    def time_s(self) -> int | None:
+        return time_seconds(self.time) if self.time is not None else None
+
+
+def read_slurm(src: Reporter, key: str, table: dict[str, Any]) -> SlurmSpec:
+    """Validate a [slurm] table; every bad value is a located error naming its key."""
+    check_keys(src, key, table, SLURM_KEYS)
+
+    def k(name: str) -> str:
+        return f"{key}.{name}"
+
+    def token(name: str) -> str | None:
+        return expect_token(src, k(name), table[name]) if name in table else None
+
+    def number(name: str, lo: int, hi: int) -> int | None:
+        return expect_int(src, k(name), table[name], lo, hi) if name in table else None
+
+    spec = SlurmSpec(
+        nodes=number("nodes", 1, MAX_NODES) or 1,
+        partition=token("partition"), account=token("account"), qos=token("qos"),
+        time=_time(src, k("time"), table["time"]) if "time" in table else None,
+        gpus_per_node=number("gpus_per_node", 0, 1024),
+        cpus_per_task=number("cpus_per_task", 1, 100_000),
+        mem=_mem(src, k("mem"), table["mem"]) if "mem" in table else None,
+        constraint=token("constraint"),
+        python=expect_str(src, k("python"), table["python"]) if "python" in table else "python3",
+        extra_sbatch=tuple(_sbatch_option(src, f"{k('extra_sbatch')}[{i}]", line) for i, line in
+                           enumerate(expect_str_list(src, k("extra_sbatch"), table.get("extra_sbatch", [])))),
+        setup=tuple(_one_line(src, f"{k('setup')}[{i}]", line) for i, line in
+                    enumerate(expect_str_list(src, k("setup"), table.get("setup", [])))),
+        requeue=_bool(src, k("requeue"), table.get("requeue", False)),
+        signal=_signal(src, k("signal"), table["signal"]) if "signal" in table else DEFAULT_SIGNAL,
+        login=token("login"),
+        workdir=expect_str(src, k("workdir"), table["workdir"]) if "workdir" in table else None,
+    )
+    if spec.python != spec.python.strip() or "\n" in spec.python:
+        raise src.error(k("python"), "python has surrounding whitespace or a newline", value=spec.python)
+    return spec
+
+
+def _bool(src: Reporter, key: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise src.error(key, f"expected true or false, got {describe(value)}", "write true or false",
+                        value=value)
+    return value
+
+
+def _time(src: Reporter, key: str, value: object) -> str:
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return str(value)  # minutes, as sbatch takes it
+    text = expect_str(src, key, value)
+    if text.strip().upper() in ("UNLIMITED", "INFINITE") or time_seconds(text):
+        return text.strip()
+    raise src.error(key, f'"{text}" is not a Slurm time limit',
+                    'write minutes ("30"), "HH:MM:SS" ("01:30:00") or "D-HH:MM:SS" ("2-00:00:00")',
+                    value=text)
+
+
+def _mem(src: Reporter, key: str, value: object) -> str:
+    text = expect_str(src, key, value).strip()
+    if not _MEM.match(text):
+        raise src.error(key, f'"{text}" is not a Slurm memory size', 'write e.g. "64G" or "500M" (per node)',
+                        value=value)
+    return text
+
+
+def _one_line(src: Reporter, key: str, text: str) -> str:
+    if "\n" in text or "\r" in text:
+        raise src.error(key, "a line must not contain a newline", "give one shell line per list item",
+                        value=text)
+    return text
+
+
+def _sbatch_option(src: Reporter, key: str, text: str) -> str:
+    """An sbatch option for one `#SBATCH` line: "--exclusive" (a leading "#SBATCH " is dropped)."""
+    option = _one_line(src, key, text).strip().removeprefix("#SBATCH").strip()
+    if not option.startswith("-"):
+        raise src.error(key, f'"{text}" is not an sbatch option', 'write e.g. "--exclusive" or '
+                        '"--mail-type=END"', value=text)
+    return option
+
+
+def _signal(src: Reporter, key: str, value: object) -> str:
+    text = expect_str(src, key, value).strip()
+    m = _SIGNAL.match(text.upper())
+    if m is None or m.group("name") not in SIGNALS or int(m.group("lead") or 0) > MAX_SIGNAL_LEAD_S:
+        raise src.error(key, f'"{text}" is not a signal and a lead time',
+                        f'write NAME@SECONDS with NAME one of {", ".join(SIGNALS)}, e.g. "{DEFAULT_SIGNAL}"',
+                        value=value)
+    return f"{m.group('name')}@{int(m.group('lead') or 60)}"

@@ -1,0 +1,336 @@
+"""The Slurm backend: one batch job (sbatch) whose one task per node is that node's supervisor;
+its output files on the shared filesystem are followed live and decoded exactly as the SSH
+backend decodes a node's stream. Slurm commands run here or on the `[slurm] login` node."""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from inventory import LOCALHOST, Host, Job
+from inventory.slurm import SlurmSpec
+from orchestrator.doctor.model import ProbeResults
+from orchestrator.errors import HostError
+from orchestrator.hostops.stacks import StacksReport
+from orchestrator.launch.backends.base import DetachReport, Emit, Notice, Resolved, supervise_request
+from orchestrator.launch.backends.slurm_script import render_batch, render_node, sbatch_argv, state_dir
+from orchestrator.launch.events import (
+    Alive,
+    Exited,
+    Lost,
+    Milestone,
+    Output,
+    Problem,
+    Reported,
+    Started,
+)
+from orchestrator.launch.events import Notice as NoticeEvent
+from orchestrator.launch.options import LaunchOptions
+from orchestrator.launch.plan import LaunchPlan, mask_env
+from orchestrator.remote.agent import (
+    BOOTSTRAP,
+    AgentEvent,
+    AgentResult,
+    AgentStream,
+    agent_payload,
+    decode,
+    start_agent,
+)
+from orchestrator.remote.pool import HostPool
+from orchestrator.remote.slurm import QueuedJob, SlurmClient
+from orchestrator.remote.transport import OutputLine
+from orchestrator.remote.wire import parse_rank_phase, parse_supervise
+
+POLL_S = 1.0  # squeue, while the job runs
+DEFAULT_BASE_PORT = 29500
+NODE_FILE = re.compile(r"^r(?P<run>\d+)-node(?P<node>\d+)\.out$")
+REQUEUE_FILE = re.compile(r"^requeue-(?P<run>\d+)$")
+FOLLOW_PATTERN = r"^(r\d+-node\d+|batch)\.out$"
+
+
+def login_host(spec: SlurmSpec, job: Job) -> Host:
+    """Where Slurm's commands run: the login node (an inventory host, or an SSH destination
+    `[user@]host` that ssh_config may alias), else this machine."""
+    if spec.login is None:
+        return LOCALHOST
+    known = job.inventory.get(spec.login)
+    if known is not None:
+        return known
+    user, _, host = spec.login.rpartition("@")
+    return Host(name=spec.login, address=host, user=user or None)
+
+
+def slurm_client(pool: HostPool, spec: SlurmSpec, job: Job) -> SlurmClient:
+    return SlurmClient(pool.transport(login_host(spec, job)), spec.login)
+
+
+def node_hosts(job: Job, spec: SlurmSpec) -> tuple[Host, ...]:
+    """The plan's nodes: node0..node<N-1> in Slurm's task order; their names come at run time."""
+    workdir = spec.workdir or str(job.base_dir)
+    return tuple(Host(name=f"node{i}", address=f"node{i}", python=spec.python, workdir=workdir)
+                 for i in range(spec.nodes))
+
+
+def nproc_for(job: Job, spec: SlurmSpec) -> int:
+    n = job.nproc_per_node
+    if isinstance(n, int):
+        return n
+    if n == "cpu":
+        return spec.cpus_per_task or 1
+    return spec.gpus_per_node or 1  # "gpu" (the loader insists on gpus_per_node) and "auto"
+
+
+def exit_code_of(show: dict[str, str]) -> int:
+    """`scontrol show job`'s ExitCode=code:signal as one exit status (1 when it says nothing)."""
+    code, _, sig = show.get("ExitCode", "").partition(":")
+    if code.isdigit() and int(code):
+        return int(code)
+    if sig.isdigit() and int(sig):
+        return 128 + int(sig)
+    return 1
+
+
+@dataclass(frozen=True)
+class Submission:
+    plan: LaunchPlan
+    state: str  # the job's directory on the cluster
+    script: str  # its batch script there
+    slurm_id: str
+
+
+def batch_request(plan: LaunchPlan, spec: SlurmSpec, options: LaunchOptions) -> dict[str, object]:
+    """The one request every node's supervisor reads (its node rank is SLURM_PROCID)."""
+    request = supervise_request(plan, plan.hosts[0], options, detach=False)
+    request.update(op="supervise", batch=True, node_rank_env="SLURM_PROCID", heartbeat_timeout=0,
+                   forward_signals=[spec.signal_name] if spec.requeue else [])
+    request.pop("node_rank", None)
+    return request
+
+
+class SlurmBackend:
+    """Runs a plan as one Slurm job; `ddpctl up`'s supervision sees its nodes as it sees hosts."""
+
+    name = "slurm"
+
+    def __init__(self, pool: HostPool, job: Job) -> None:
+        assert job.slurm is not None
+        self.spec = job.slurm
+        self.client = slurm_client(pool, self.spec, job)
+        self.submitted: Submission | None = None
+        self.lock = threading.Lock()
+        self.cancel_word: str | None = None  # stop() before the job id was known: cancel on submit
+        self.closed = threading.Event()
+        self.follower: AgentStream | None = None
+        self.requeued: set[int] = set()
+        self.exited: set[int] = set()  # nodes whose final report came
+        self.runs_seen: set[tuple[int, int]] = set()
+
+    # -- before launch ----------------------------------------------------------------------
+    def resolve(self, job: Job, options: LaunchOptions, notice: Notice, settle: bool) -> Resolved:
+        hosts = node_hosts(job, self.spec)
+        port = job.rendezvous.master_port
+        nproc = nproc_for(job, self.spec)
+        return Resolved({h.name: nproc for h in hosts}, port if isinstance(port, int) else DEFAULT_BASE_PORT,
+                        hosts)
+
+    def files(self, plan: LaunchPlan, options: LaunchOptions, home: str) -> dict[str, tuple[bytes, int]]:
+        """path -> (content, mode) of what the job needs on the cluster."""
+        state = state_dir(home, plan.job_id)
+        request = json.dumps(batch_request(plan, self.spec, options)).encode() + b"\n"
+        return {
+            f"{state}/agent.py": (BOOTSTRAP.encode(), 0o600),
+            f"{state}/node.in": (agent_payload() + request, 0o600),  # the job env: never on a command line
+            f"{state}/node.sh": (render_node(self.spec, state).encode(), 0o700),
+            f"{state}/job.sbatch": (render_batch(plan, self.spec, state, plan.master_port).encode(), 0o700),
+        }
+
+    def dry_run(self, plan: LaunchPlan) -> tuple[list[str], str, dict[str, str]]:
+        """The sbatch command, the batch script and the (masked) env that goes to every node in
+        its 0600 request."""
+        state = state_dir(self.client.home(), plan.job_id)
+        return (sbatch_argv(state, plan.hosts[0].cwd), render_batch(plan, self.spec, state, plan.master_port),
+                mask_env(plan.hosts[0].env))
+
+    def submit(self, plan: LaunchPlan, options: LaunchOptions) -> Submission:
+        state = state_dir(self.client.home(), plan.job_id)
+        for path, (data, mode) in self.files(plan, options, self.client.home()).items():
+            self.client.write(path, data, mode)
+        slurm_id = self.client.submit(sbatch_argv(state, plan.hosts[0].cwd))
+        sub = Submission(plan, state, f"{state}/job.sbatch", slurm_id)
+        run_dir = options.runs_dir / plan.job_id
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "slurm.json").write_text(json.dumps(
+            {"job_id": plan.job_id, "slurm_job_id": slurm_id, "login": self.spec.login, "state_dir": state,
+             "nodes": self.spec.nodes}, indent=2))
+        return sub
+
+    # -- running ----------------------------------------------------------------------------
+    def start(self, plan: LaunchPlan, options: LaunchOptions, emit: Emit) -> None:
+        threading.Thread(target=self._run, args=(plan, options, emit), daemon=True).start()
+
+    def _run(self, plan: LaunchPlan, options: LaunchOptions, emit: Emit) -> None:
+        first = plan.hosts[0].host.name
+        try:
+            sub = self.submit(plan, options)
+        except HostError as exc:
+            for hl in plan.hosts:
+                emit(Lost(hl.host.name, exc.message + (f" (fix: {exc.fix})" if exc.fix else "")))
+            return
+        with self.lock:
+            self.submitted = sub
+            word = self.cancel_word
+        emit(NoticeEvent(first, f"submitted Slurm job {sub.slurm_id} on {self.client.where}; its files: {sub.state}"))
+        if word is not None:
+            self.client.cancel(sub.slurm_id, word)
+        try:
+            self.follower = start_agent(self.client.transport, "follow",
+                                        {"dir": sub.state, "pattern": FOLLOW_PATTERN, "poll": 0.2})
+        except HostError as exc:
+            self.client.cancel(sub.slurm_id)
+            for hl in plan.hosts:
+                emit(Lost(hl.host.name, f"cannot follow the job's output: {exc.message}"))
+            return
+        reader = threading.Thread(target=self._follow, args=(sub, self.follower, emit), daemon=True)
+        reader.start()
+        self._poll(sub, emit, reader)
+
+    def _follow(self, sub: Submission, stream: AgentStream, emit: Emit) -> None:
+        names = [hl.host.name for hl in sub.plan.hosts]
+        for message in stream.messages():
+            if not isinstance(message, AgentEvent):
+                continue
+            name = str(message.get("name", ""))
+            if message.name == "file":
+                m = REQUEUE_FILE.match(name)
+                if m:
+                    self.requeued.add(int(m.group("run")))
+                continue
+            if message.name != "line":
+                continue
+            text = str(message.get("text", ""))
+            if name == "batch.out":
+                emit(NoticeEvent(names[0], f"slurm: {text}"))
+                continue
+            m = NODE_FILE.match(name)
+            if m and int(m.group("node")) < len(names):
+                self._node_line(sub, int(m.group("run")), int(m.group("node")), names, text, emit)
+
+    def _node_line(self, sub: Submission, run: int, node: int, names: Sequence[str], text: str,
+                   emit: Emit) -> None:
+        host = names[node]
+        message = decode(OutputLine("stdout", text))
+        if isinstance(message, OutputLine):
+            emit(Output(host, message.text))
+        elif isinstance(message, AgentResult):
+            result = parse_supervise(message.data)
+            if run in self.requeued:
+                emit(NoticeEvent(host, f"{host}: run {run} ended (exit {result.exit_code}) for the requeue"))
+                return
+            self.exited.add(node)
+            emit(Reported(host, result))
+            emit(Exited(host, result.exit_code))
+        elif message.name == "started":
+            if (run, node) not in self.runs_seen:
+                self.runs_seen.add((run, node))
+                emit(NoticeEvent(host, f"{host} is {message.get('hostname')} (Slurm job {sub.slurm_id}"
+                                       + (f", run {run} after requeue)" if run else ")")))
+            emit(Started(host, message.get("log")))
+        elif message.name == "error":
+            emit(Problem(host, str(message.get("message"))))
+        elif message.name == "rank":
+            emit(Milestone(host, parse_rank_phase(message.fields)))
+        else:
+            emit(Alive(host))
+
+    def _poll(self, sub: Submission, emit: Emit, reader: threading.Thread) -> None:
+        names = [hl.host.name for hl in sub.plan.hosts]
+        submitted, said, running_since = time.monotonic(), "", None
+        job: QueuedJob | None = None
+        while not self.closed.is_set():
+            try:
+                job = self.client.job(sub.slurm_id)
+            except HostError as exc:
+                emit(NoticeEvent(names[0], f"squeue failed: {exc.message}"))
+                self.closed.wait(POLL_S)
+                continue
+            if job is None or not job.active:
+                break
+            if job.queued:
+                for name in names:  # the scheduler vouches for them: not lost, waiting
+                    emit(Alive(name))
+                words = f"queued ({job.reason})" if job.reason and job.reason != "None" else "queued"
+                if words != said:
+                    said = words
+                    emit(NoticeEvent(names[0], f"Slurm job {sub.slurm_id} {words}"))
+            elif job.state == "RUNNING" and running_since is None:
+                running_since = time.monotonic()
+                said = ""
+                emit(NoticeEvent(names[0], f"Slurm job {sub.slurm_id} running on {job.nodes} after "
+                                           f"{running_since - submitted:.1f}s in the queue"))
+            elif job.state != "RUNNING":
+                running_since = None if job.queued else running_since
+            self.closed.wait(POLL_S)
+        self._finish(sub, job, emit, reader)
+
+    def _finish(self, sub: Submission, job: QueuedJob | None, emit: Emit, reader: threading.Thread) -> None:
+        """The job has left the running states: drain its output, then every node not yet
+        reported ends with Slurm's word for it."""
+        if self.follower is not None:
+            try:
+                self.follower.send(b"STOP\n")
+            except Exception:
+                self.follower.abort()
+            reader.join(30)
+        show = self.client.show_job(sub.slurm_id)
+        state = show.get("JobState") or (job.state if job else "ended")
+        reason = show.get("Reason") or (job.reason if job else "")
+        code = exit_code_of(show) if state != "COMPLETED" else 0
+        for node, hl in enumerate(sub.plan.hosts):
+            if node in self.exited:
+                continue
+            why = f"Slurm ended the job ({state}" + (f", {reason}" if reason and reason != "None" else "") + ")"
+            emit(Problem(hl.host.name, f"{why} before {hl.host.name} reported"))
+            emit(Exited(hl.host.name, code or 1))
+
+    def stop(self, hosts: Sequence[str], force: bool) -> None:
+        """Slurm stops a job as a whole: scancel (SIGTERM to every node, SIGKILL after KillWait);
+        force sends SIGKILL now."""
+        word = "KILL" if force else "TERM"
+        with self.lock:
+            sub = self.submitted
+            if sub is None:
+                self.cancel_word = word
+                return
+        self.client.cancel(sub.slurm_id, word if force else None)
+
+    def drop(self, host: str) -> None:
+        return None  # the scheduler owns the nodes: a lost one ends with the job (scancel)
+
+    def close(self) -> None:
+        self.closed.set()
+        follower = self.follower
+        if follower is not None:
+            try:
+                follower.send(b"STOP\n")
+            except Exception:
+                follower.abort()
+
+    # -- detached and diagnostics -----------------------------------------------------------
+    def detach(self, plan: LaunchPlan, options: LaunchOptions) -> DetachReport:
+        try:
+            sub = self.submit(plan, options)
+        except HostError as exc:
+            return DetachReport(failed={plan.hosts[0].host.name: exc})
+        return DetachReport(started={hl.host.name: None for hl in plan.hosts}, slurm_job_id=sub.slurm_id)
+
+    def stacks(self, plan: LaunchPlan) -> StacksReport:
+        why = "stack dumps are not available for Slurm jobs yet"
+        return StacksReport(plan.job_id, host_errors={hl.host.name: why for hl in plan.hosts})
+
+    def reprobe(self, plan: LaunchPlan) -> ProbeResults:
+        why = f"re-probing a Slurm job's nodes is not available: run `ddpctl doctor {plan.job.source or 'JOB_FILE'}`"
+        return ProbeResults(errors={hl.host.name: why for hl in plan.hosts})

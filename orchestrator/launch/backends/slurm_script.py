@@ -1,0 +1,106 @@
+"""The batch script a Slurm job runs (pure text; golden-tested).
+
+One task per node (`--ntasks-per-node=1`), each task the node agent's supervisor for that node's
+torchrun (`node<N>.in`: the agent and its request, job env included, mode 0600: nothing of the env
+is on a command line). torchrun rendezvous with c10d on the allocation's first node, on a port
+chosen per job there. With requeue, the early signal reaches the batch shell, which passes it to
+every node (torchrun hands it to the ranks as a Python signal) and requeues once they have ended.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from inventory.slurm import SlurmSpec
+from orchestrator.launch.plan import SLURM_RDZV_ENV, LaunchPlan
+
+JOB_COMMENT = "ddpctl"  # squeue's %k: how `ddpctl ps` knows ddpctl's jobs
+PORT_SPREAD = 1000  # the rendezvous port: base + job id % PORT_SPREAD, then the next free one
+PORT_TRIES = 200
+
+
+def state_dir(home: str, job_id: str) -> str:
+    """The job's directory on the cluster (home is shared with the nodes)."""
+    return f"{home.rstrip('/')}/.ddpctl/runs/{job_id}"
+
+
+def sbatch_argv(state: str, workdir: str) -> list[str]:
+    """The submission: paths go as arguments (they may hold spaces), the rest is in the script."""
+    return ["sbatch", "--parsable", f"--chdir={workdir}", f"--output={state}/batch.out", "--open-mode=append",
+            f"{state}/job.sbatch"]
+
+
+def sbatch_options(plan: LaunchPlan, spec: SlurmSpec) -> list[str]:
+    opts = [f"--job-name={plan.job_id}", f"--comment={JOB_COMMENT}", f"--nodes={spec.nodes}",
+            "--ntasks-per-node=1"]
+    named = (("partition", spec.partition), ("account", spec.account), ("qos", spec.qos),
+             ("time", spec.time), ("gpus-per-node", spec.gpus_per_node),
+             ("cpus-per-task", spec.cpus_per_task), ("mem", spec.mem), ("constraint", spec.constraint))
+    opts += [f"--{name}={value}" for name, value in named if value is not None]
+    if spec.requeue:
+        opts += ["--requeue", f"--signal=B:{spec.signal}"]
+    else:
+        opts += ["--no-requeue"]
+    return opts + list(spec.extra_sbatch)
+
+
+def render_batch(plan: LaunchPlan, spec: SlurmSpec, state: str, base_port: int) -> str:
+    q = shlex.quote
+    lines = ["#!/bin/bash"]
+    lines += [f"#SBATCH {opt}" for opt in sbatch_options(plan, spec)]
+    lines += [
+        f"# ddpctl job {plan.job_id}: {spec.nodes} node(s) x {plan.hosts[0].nproc} rank(s), one torchrun "
+        "per node, c10d rendezvous on the first node.",
+        "set -u",
+        f"S={q(state)}",
+        'R="${SLURM_RESTART_COUNT:-0}"',
+        'head="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"',
+        'if [ -z "$head" ]; then',
+        '    echo "ddpctl: scontrol show hostnames \\"$SLURM_JOB_NODELIST\\" named no node: no rendezvous '
+        'host (ddpctl never falls back to localhost)" >&2',
+        "    exit 1",
+        "fi",
+        "# a port per job, so two jobs on one head node never share a rendezvous store",
+        f'port=$(( {base_port} + SLURM_JOB_ID % {PORT_SPREAD} ))',
+        f'for _ in $(seq {PORT_TRIES}); do',
+        '    (exec 3<>"/dev/tcp/$head/$port") 2>/dev/null || break',
+        "    port=$((port + 1))",
+        "done",
+        f'export {SLURM_RDZV_ENV}="$head:$port"',
+        'export DDPCTL_STATE_ROOT=' + q(state.rsplit("/runs/", 1)[0]),
+        f'echo "ddpctl: run $R of Slurm job $SLURM_JOB_ID on $SLURM_JOB_NODELIST, rendezvous ${SLURM_RDZV_ENV}"',
+        f"srun --kill-on-bad-exit=1 --nodes={spec.nodes} --ntasks-per-node=1 --input=none "
+        '--output="$S/r$R-node%t.out" bash "$S/node.sh" &',
+        "step=$!",
+    ]
+    if spec.requeue:
+        sig = spec.signal_name
+        lines += [
+            f"# SIG{sig} {spec.signal_lead_s}s before the time limit (or on preemption): every node's ranks get it;",
+            "# the job is requeued once they have ended (the rerun sees SLURM_RESTART_COUNT)",
+            "on_signal() {",
+            f'    echo "ddpctl: got SIG{sig}: passing it to the ranks, then requeueing"',
+            '    : > "$S/requeue-$R"',
+            f'    kill -{sig} "$step"',
+            "}",
+            f"trap on_signal {sig}",
+        ]
+    lines += [
+        "while :; do",
+        '    wait "$step"; rc=$?',
+        '    kill -0 "$step" 2>/dev/null || break',
+        "done",
+    ]
+    if spec.requeue:
+        lines += ['if [ -e "$S/requeue-$R" ]; then scontrol requeue "$SLURM_JOB_ID"; fi']
+    lines += ['exit "$rc"', ""]
+    return "\n".join(lines)
+
+
+def render_node(spec: SlurmSpec, state: str) -> str:
+    """What each node's task runs: the job's setup lines, then the node agent's supervisor."""
+    q = shlex.quote
+    lines = ["#!/bin/bash", "# ddpctl: one task per node; its setup lines, then its supervisor", "set -e"]
+    lines += list(spec.setup)
+    lines += [f'exec {q(spec.python)} {q(state + "/agent.py")} < {q(state + "/node.in")}', ""]
+    return "\n".join(lines)

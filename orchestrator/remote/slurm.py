@@ -1,0 +1,158 @@
+"""Slurm's own client commands (sbatch, squeue, scontrol, scancel), run on this machine or on a
+login node over ddpctl's SSH transport (same host-key rules). No sacct: many clusters have no
+accounting database, so job state comes from squeue and `scontrol show job`."""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from orchestrator.errors import HostError, HostErrorKind
+from orchestrator.remote.transport import CommandResult, Transport
+
+ACTIVE_STATES = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED",
+                           "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED"})
+QUEUED_STATES = frozenset({"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"})
+SQUEUE_FORMAT = "%i|%T|%r|%N|%j|%M|%k"
+# Writes stdin to $1 (mode 0600 whatever the umask), creating its directory.
+WRITE_FILE = 'umask 077 && mkdir -p -- "$(dirname -- "$1")" && cat > "$1" && chmod "$2" "$1"'
+
+
+@dataclass(frozen=True)
+class QueuedJob:
+    """One line of squeue."""
+
+    job_id: str
+    state: str
+    reason: str
+    nodes: str
+    name: str
+    elapsed: str
+    comment: str
+
+    @property
+    def active(self) -> bool:
+        return self.state in ACTIVE_STATES
+
+    @property
+    def queued(self) -> bool:
+        return self.state in QUEUED_STATES
+
+
+def parse_squeue(text: str) -> list[QueuedJob]:
+    jobs = []
+    for line in text.splitlines():
+        parts = line.split("|")
+        if len(parts) == 7:
+            jobs.append(QueuedJob(*(p.strip() for p in parts)))
+    return jobs
+
+
+def parse_key_values(text: str) -> dict[str, str]:
+    """`scontrol show -o` output: Key=Value tokens (a value may hold '=', never a space)."""
+    out: dict[str, str] = {}
+    for token in text.split():
+        key, sep, value = token.partition("=")
+        if sep:
+            out[key] = value
+    return out
+
+
+def parse_config(text: str) -> dict[str, str]:
+    """`scontrol show config`: "Key = Value" lines."""
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition(" = ")
+        if sep:
+            out[key.strip()] = value.strip()
+    return out
+
+
+class SlurmClient:
+    """Slurm's commands where they run: `transport` is this machine's or the login node's."""
+
+    def __init__(self, transport: Transport, login: str | None = None) -> None:
+        self.transport = transport
+        self.login = login
+        self.where = f"login node {login}" if login else "this machine"
+        self._home: str | None = None
+
+    def run(self, argv: Sequence[str], *, stdin: bytes | None = None, timeout: float = 60.0,
+            check: bool = True) -> CommandResult:
+        result = self.transport.run(list(argv), stdin=stdin, timeout=timeout)
+        if check and result.exit_code != 0:
+            raise self.failed(argv, result)
+        return result
+
+    def failed(self, argv: Sequence[str], result: CommandResult) -> HostError:
+        said = (result.stderr.strip() or result.stdout.strip()).splitlines()
+        if result.exit_code == 127 or any("not found" in line and argv[0] in line for line in said):
+            fix = (f"install the Slurm client on {self.where} or set [slurm] login = \"<login node>\""
+                   if not self.login else
+                   f"check that {argv[0]} is on the PATH of {self.login}'s non-interactive shell")
+            return HostError(self.transport.host.name, HostErrorKind.SLURM,
+                             f"{argv[0]} is not available on {self.where}", fix)
+        return HostError(self.transport.host.name, HostErrorKind.SLURM,
+                         f"{shlex.join(argv)} failed on {self.where} (exit {result.exit_code}): "
+                         + " / ".join(said[-3:]), "")
+
+    # -- files on the cluster side ----------------------------------------------------------
+    def home(self) -> str:
+        if self._home is None:
+            self._home = self.run(["sh", "-c", 'printf %s "$HOME"']).stdout.strip()
+        return self._home
+
+    def write(self, path: str, data: bytes, mode: int = 0o600) -> None:
+        self.run(["sh", "-c", WRITE_FILE, "ddpctl-write", path, f"{mode:o}"], stdin=data)
+
+    def read(self, path: str) -> str | None:
+        result = self.run(["cat", "--", path], check=False)
+        return result.stdout if result.exit_code == 0 else None
+
+    # -- jobs -------------------------------------------------------------------------------
+    def submit(self, argv: Sequence[str]) -> str:
+        """`sbatch --parsable ...`: the job id ("123", or "123;cluster")."""
+        out = self.run(argv, timeout=120.0).stdout.strip()
+        job_id = out.splitlines()[-1].split(";")[0].strip() if out else ""
+        if not job_id.isdigit():
+            raise HostError(self.transport.host.name, HostErrorKind.SLURM,
+                            f"sbatch gave no job id on {self.where}: {out!r}", "")
+        return job_id
+
+    def job(self, job_id: str) -> QueuedJob | None:
+        """The job as squeue sees it; None once it has left the queue."""
+        result = self.run(["squeue", "-h", "-j", job_id, "-t", "all", "-o", SQUEUE_FORMAT], check=False)
+        if result.exit_code != 0:
+            if "Invalid job id" in result.stderr:
+                return None
+            raise self.failed(["squeue"], result)
+        jobs = [j for j in parse_squeue(result.stdout) if j.job_id == job_id]
+        return jobs[0] if jobs else None
+
+    def jobs(self, comment: str | None = None) -> list[QueuedJob]:
+        """This user's jobs in the queue (with `comment`: only those carrying it)."""
+        out = self.run(["squeue", "-h", "--me", "-o", SQUEUE_FORMAT]).stdout
+        return [j for j in parse_squeue(out) if comment is None or j.comment == comment]
+
+    def show_job(self, job_id: str) -> dict[str, str]:
+        result = self.run(["scontrol", "-o", "show", "job", job_id], check=False)
+        return parse_key_values(result.stdout) if result.exit_code == 0 else {}
+
+    def cancel(self, job_id: str, signal: str | None = None, batch_only: bool = False) -> None:
+        argv = ["scancel"] + ([f"--signal={signal}"] if signal else []) + (["--batch"] if batch_only else [])
+        self.run([*argv, job_id], check=False)
+
+    def config(self) -> dict[str, str]:
+        return parse_config(self.run(["scontrol", "show", "config"]).stdout)
+
+    def partition(self, name: str | None) -> dict[str, str] | None:
+        """The named partition, or the default one (None: no such partition)."""
+        out = self.run(["scontrol", "-o", "show", "partition"] + ([name] if name else []), check=False)
+        if out.exit_code != 0:
+            return None
+        for line in out.stdout.splitlines():
+            fields = parse_key_values(line)
+            if name is not None or fields.get("Default") == "YES":
+                return fields
+        return None
