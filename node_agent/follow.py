@@ -7,10 +7,12 @@ from __future__ import annotations
 import os
 import re
 import threading
+import time
 from typing import Any, BinaryIO, Dict, List
 
 from node_agent.protocol import emit_event
 
+TICK_S = 1.0
 MAX_LINE = 1 << 20  # a longer "line" (no newline) is passed on in pieces
 
 
@@ -66,9 +68,13 @@ def follow(request: Dict[str, Any], control: BinaryIO) -> Dict[str, Any]:
 
     threading.Thread(target=read_control, daemon=True).start()
     tails: Dict[str, _Tail] = {}
+    last_tick = time.monotonic()
     while True:
         stopping = done.is_set()
         scan(directory, pattern, tails)
         if stopping:  # one last pass after STOP: nothing written before it is lost
             return {"files": sorted(tails)}
+        if time.monotonic() - last_tick >= TICK_S:  # the reader may want to look elsewhere
+            last_tick = time.monotonic()
+            emit_event("tick")
         done.wait(poll)

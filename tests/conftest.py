@@ -13,6 +13,7 @@ if str(ROOT) not in sys.path:  # `tests.cluster` and the project packages import
     sys.path.insert(0, str(ROOT))
 
 from tests.cluster import Cluster, ClusterError, require_cluster, start_cluster  # noqa: E402
+from tests.slurm_cluster import SlurmCluster, require_slurm, start_slurm_cluster  # noqa: E402
 
 
 @pytest.fixture
@@ -48,3 +49,11 @@ def make_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[
             errors.append(str(err))
     if errors:
         pytest.fail("; ".join(errors), pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
+    """A real Slurm cluster (login node + 2 compute nodes, all idle) shared by the session."""
+    require_slurm()
+    with start_slurm_cluster(2, tmp_path_factory.mktemp("slurm")) as cluster:
+        yield cluster

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import functools
 import sys
 from collections.abc import Callable
@@ -20,6 +21,11 @@ err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 console = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 160)
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+class BackendChoice(str, enum.Enum):
+    ssh = "ssh"
+    slurm = "slurm"
+
 
 MAX_GRACE_S = 3600.0
 GraceOpt = Annotated[float, typer.Option("--grace", min=0, max=MAX_GRACE_S,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
@@ -16,6 +17,7 @@ from rich.text import Text
 from inventory import Inventory, load_job
 from orchestrator.commands.common import (
     AcceptNewOpt,
+    BackendChoice,
     GraceOpt,
     InventoryOpt,
     JsonOpt,
@@ -29,10 +31,46 @@ from orchestrator.commands.common import (
     print_host_error,
 )
 from orchestrator.errors import HostError
+from orchestrator.hostops import slurm_jobs
 from orchestrator.hostops.jobs import JobAbsent, down_absent, job_logs, logs_absent, running_jobs, stop_job
+from orchestrator.launch.backends.slurm import slurm_client
 from orchestrator.remote.pool import make_pool
+from orchestrator.remote.slurm import ACTIVE_STATES, QueuedJob, SlurmClient
 
 JobArg = Annotated[str, typer.Argument(help="A job id (or name), or the job.toml it was started from.")]
+BackendOpt = Annotated[BackendChoice | None, typer.Option(
+    "--backend", help="slurm: jobs submitted to Slurm (default: a job.toml with [slurm] says so; else ssh).")]
+LoginOpt = Annotated[str | None, typer.Option(
+    "--login", help="With --backend slurm: run Slurm's commands on this login node over SSH.")]
+
+
+@dataclass(frozen=True)
+class SlurmSide:
+    """Where a Slurm job's commands run, when the target is a Slurm job."""
+
+    login: str | None
+    inventory: Inventory
+
+
+def slurm_side(job: str, backend: BackendChoice | None, login: str | None) -> SlurmSide | None:
+    """A job.toml with [slurm] (unless --backend ssh), or --backend slurm: the Slurm side."""
+    if backend is BackendChoice.ssh:
+        return None
+    if job.endswith(".toml") and Path(job).exists():
+        spec = load_job(Path(job))
+        if spec.slurm is not None:
+            return SlurmSide(login or spec.slurm.login, spec.inventory)
+    if backend is BackendChoice.slurm:
+        return SlurmSide(login, load_inventory_arg(None))
+    return None
+
+
+def slurm_target(client: SlurmClient, job: str) -> slurm_jobs.SlurmTarget:
+    name = load_job(Path(job)).name if job.endswith(".toml") and Path(job).exists() else job
+    target = slurm_jobs.find(client, name)
+    if target is None:
+        raise slurm_jobs.not_found(client, name)
+    return target
 
 
 def resolve_target(job: str, inventory_path: Path | None) -> tuple[str, Inventory]:
@@ -58,6 +96,8 @@ def report_absent(absent: JobAbsent) -> None:
 @handle_errors
 def ps_command(
     inventory: InventoryOpt = None,
+    backend: BackendOpt = None,
+    login: LoginOpt = None,
     job: Annotated[str | None, typer.Option("--job", help="Only this job id or name.")] = None,
     as_json: JsonOpt = False,
     ssh_config: SshConfigOpt = None,
@@ -67,6 +107,11 @@ def ps_command(
 ) -> None:
     """List ddpctl jobs running on each host: job id, node rank, pids, uptime, GPU memory."""
     inv = load_inventory_arg(inventory)
+    if backend is BackendChoice.slurm:
+        with make_pool(ssh_config, known_hosts, accept_new_host_keys, parallel) as pool:
+            queued = slurm_jobs.ddpctl_jobs(slurm_client(pool, login, inv))
+        print_slurm_jobs(queued, job, as_json)
+        raise typer.Exit(0)
     with make_pool(ssh_config, known_hosts, accept_new_host_keys, parallel) as pool:
         fan = running_jobs(pool, inv.hosts, job)
     rows = [j for h in inv.names() if h in fan.succeeded for j in fan.succeeded[h]]
@@ -84,10 +129,25 @@ def ps_command(
     raise typer.Exit(1 if fan.failed else 0)
 
 
+def print_slurm_jobs(queued: list[QueuedJob], only: str | None, as_json: bool) -> None:
+    rows = [j for j in queued if only is None or only in (j.job_id, j.name) or j.name.startswith(f"{only}-")]
+    if as_json:
+        console.print_json(json.dumps({"jobs": [{"slurm_job_id": j.job_id, "job_id": j.name, "state": j.state,
+                                                 "reason": j.reason, "nodes": j.nodes, "elapsed": j.elapsed}
+                                                for j in rows]}))
+        return
+    table = Table("Slurm job", "job id", "state", "nodes", "elapsed", "reason")
+    for j in rows:
+        table.add_row(j.job_id, j.name, j.state, j.nodes, j.elapsed, "" if j.reason == "None" else j.reason)
+    console.print(table if rows else "no ddpctl jobs in Slurm's queue")
+
+
 @handle_errors
 def down_command(
     job: JobArg,
     inventory: InventoryOpt = None,
+    backend: BackendOpt = None,
+    login: LoginOpt = None,
     grace: GraceOpt = 10.0,
     as_json: JsonOpt = False,
     ssh_config: SshConfigOpt = None,
@@ -96,6 +156,16 @@ def down_command(
     parallel: ParallelOpt = 64,
 ) -> None:
     """Stop a job on every host, from any machine, and report what was killed."""
+    side = slurm_side(job, backend, login)
+    if side is not None:
+        with make_pool(ssh_config, known_hosts, accept_new_host_keys, parallel) as pool:
+            client = slurm_client(pool, side.login, side.inventory)
+            found = slurm_target(client, job)
+            if found.slurm_id is None or found.state not in ACTIVE_STATES:
+                raise slurm_jobs.not_found(client, f"{found.job_id} running")
+            state = slurm_jobs.cancel(client, found)
+        console.print(f"cancelled Slurm job {found.slurm_id} ({found.job_id}): {state}", markup=False)
+        raise typer.Exit(0)
     target, inv = resolve_target(job, inventory)
     with make_pool(ssh_config, known_hosts, accept_new_host_keys, parallel) as pool:
         fan = stop_job(pool, inv.hosts, target, grace)
@@ -121,6 +191,8 @@ def down_command(
 def logs_command(
     job: JobArg,
     inventory: InventoryOpt = None,
+    backend: BackendOpt = None,
+    login: LoginOpt = None,
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep streaming until the job ends.")] = False,
     ssh_config: SshConfigOpt = None,
     known_hosts: KnownHostsOpt = None,
@@ -128,13 +200,19 @@ def logs_command(
     parallel: ParallelOpt = 64,
 ) -> None:
     """Replay (or follow) every host's output of a job, prefixed by host."""
-    target, inv = resolve_target(job, inventory)
     lock = threading.Lock()
 
     def show(host: str, line: str) -> None:
         with lock:
             console.print(Text(f"[{host}] ", style="cyan") + Text(line), highlight=False)
 
+    side = slurm_side(job, backend, login)
+    if side is not None:
+        with make_pool(ssh_config, known_hosts, accept_new_host_keys, parallel) as pool:
+            client = slurm_client(pool, side.login, side.inventory)
+            slurm_jobs.logs(client, slurm_target(client, job), follow, show)
+        raise typer.Exit(0)
+    target, inv = resolve_target(job, inventory)
     with make_pool(ssh_config, known_hosts, accept_new_host_keys, parallel) as pool:
         fan = job_logs(pool, inv.hosts, target, follow, show)
     report_failures(fan.failed)

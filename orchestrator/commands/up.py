@@ -16,6 +16,7 @@ from rich.text import Text
 from inventory import ConfigError, Job, JobOverrides, NprocSpec, load_job, parse_env_assignment
 from orchestrator.commands.common import (
     AcceptNewOpt,
+    BackendChoice,
     ConnectTimeoutOpt,
     GraceOpt,
     KnownHostsOpt,
@@ -71,11 +72,6 @@ class OnHangChoice(str, enum.Enum):
 
     def as_literal(self) -> OnHang:
         return "stop" if self is OnHangChoice.stop else "report"
-
-
-class BackendChoice(str, enum.Enum):
-    ssh = "ssh"
-    slurm = "slurm"
 
 
 def make_backend(pool: HostPool, job: Job) -> SshBackend | SlurmBackend:

@@ -65,5 +65,8 @@ class Plain:
 
 def plan_summary(plan: LaunchPlan, run_dir: Path) -> str:
     nprocs = sorted({hl.nproc for hl in plan.hosts})
+    if plan.job.slurm is not None:
+        return (f"job {plan.job_id}: Slurm, {len(plan.hosts)} node(s) × nproc {nprocs[0]}, world size "
+                f"{plan.world_size}, rendezvous on the allocation's first node; logs in {run_dir}")
     return (f"job {plan.job_id}: {len(plan.hosts)} host(s) × nproc {nprocs}, world size {plan.world_size}, "
             f"master {plan.master_addr}:{plan.master_port}; logs in {run_dir}")

@@ -11,7 +11,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from inventory import LOCALHOST, Host, Job
+from inventory import LOCALHOST, Host, Inventory, Job
 from inventory.slurm import SlurmSpec
 from orchestrator.doctor.model import ProbeResults
 from orchestrator.errors import HostError
@@ -46,26 +46,27 @@ from orchestrator.remote.transport import OutputLine
 from orchestrator.remote.wire import parse_rank_phase, parse_supervise
 
 POLL_S = 1.0  # squeue, while the job runs
+WIND_DOWN_S = 120.0  # after the last node ended, how long to wait for Slurm to end the job
 DEFAULT_BASE_PORT = 29500
 NODE_FILE = re.compile(r"^r(?P<run>\d+)-node(?P<node>\d+)\.out$")
 REQUEUE_FILE = re.compile(r"^requeue-(?P<run>\d+)$")
 FOLLOW_PATTERN = r"^(r\d+-node\d+|batch)\.out$"
 
 
-def login_host(spec: SlurmSpec, job: Job) -> Host:
+def login_host(login: str | None, inventory: Inventory) -> Host:
     """Where Slurm's commands run: the login node (an inventory host, or an SSH destination
     `[user@]host` that ssh_config may alias), else this machine."""
-    if spec.login is None:
+    if login is None:
         return LOCALHOST
-    known = job.inventory.get(spec.login)
+    known = inventory.get(login)
     if known is not None:
         return known
-    user, _, host = spec.login.rpartition("@")
-    return Host(name=spec.login, address=host, user=user or None)
+    user, _, host = login.rpartition("@")
+    return Host(name=login, address=host, user=user or None)
 
 
-def slurm_client(pool: HostPool, spec: SlurmSpec, job: Job) -> SlurmClient:
-    return SlurmClient(pool.transport(login_host(spec, job)), spec.login)
+def slurm_client(pool: HostPool, login: str | None, inventory: Inventory) -> SlurmClient:
+    return SlurmClient(pool.transport(login_host(login, inventory)), login)
 
 
 def node_hosts(job: Job, spec: SlurmSpec) -> tuple[Host, ...]:
@@ -119,11 +120,12 @@ class SlurmBackend:
     def __init__(self, pool: HostPool, job: Job) -> None:
         assert job.slurm is not None
         self.spec = job.slurm
-        self.client = slurm_client(pool, self.spec, job)
+        self.client = slurm_client(pool, self.spec.login, job.inventory)
         self.submitted: Submission | None = None
         self.lock = threading.Lock()
         self.cancel_word: str | None = None  # stop() before the job id was known: cancel on submit
         self.closed = threading.Event()
+        self.gone = threading.Event()  # the job has left Slurm's running states (or never started)
         self.follower: AgentStream | None = None
         self.requeued: set[int] = set()
         self.exited: set[int] = set()  # nodes whose final report came
@@ -177,6 +179,7 @@ class SlurmBackend:
         try:
             sub = self.submit(plan, options)
         except HostError as exc:
+            self.gone.set()
             for hl in plan.hosts:
                 emit(Lost(hl.host.name, exc.message + (f" (fix: {exc.fix})" if exc.fix else "")))
             return
@@ -191,12 +194,14 @@ class SlurmBackend:
                                         {"dir": sub.state, "pattern": FOLLOW_PATTERN, "poll": 0.2})
         except HostError as exc:
             self.client.cancel(sub.slurm_id)
+            self.gone.set()
             for hl in plan.hosts:
                 emit(Lost(hl.host.name, f"cannot follow the job's output: {exc.message}"))
             return
         reader = threading.Thread(target=self._follow, args=(sub, self.follower, emit), daemon=True)
         reader.start()
         self._poll(sub, emit, reader)
+        self.gone.set()
 
     def _follow(self, sub: Submission, stream: AgentStream, emit: Emit) -> None:
         names = [hl.host.name for hl in sub.plan.hosts]
@@ -311,6 +316,12 @@ class SlurmBackend:
         return None  # the scheduler owns the nodes: a lost one ends with the job (scancel)
 
     def close(self) -> None:
+        """Every node has ended: wait (bounded) until Slurm has cleaned the job up too, so that
+        nothing of it is left when `ddpctl up` returns."""
+        with self.lock:
+            submitted = self.submitted is not None
+        if submitted:
+            self.gone.wait(WIND_DOWN_S)
         self.closed.set()
         follower = self.follower
         if follower is not None:

@@ -1,0 +1,109 @@
+"""`ps`, `down` and `logs` for Slurm jobs: squeue, scancel and the job's files on the cluster
+(no sacct). A job is named by its Slurm id, its ddpctl id, or its job name (the newest)."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from orchestrator.errors import HostError, HostErrorKind
+from orchestrator.launch.backends.slurm import FOLLOW_PATTERN, NODE_FILE
+from orchestrator.launch.backends.slurm_script import JOB_COMMENT, state_dir
+from orchestrator.remote.agent import AgentEvent, AgentResult, decode, start_agent
+from orchestrator.remote.slurm import QueuedJob, SlurmClient
+from orchestrator.remote.transport import OutputLine
+from orchestrator.remote.wire import parse_supervise
+
+LineSink = Callable[[str, str], None]  # (node, line)
+GONE_TIMEOUT_S = 120.0
+
+
+def ddpctl_jobs(client: SlurmClient) -> list[QueuedJob]:
+    """This user's ddpctl jobs in Slurm's queue (pending, running, completing)."""
+    return [j for j in client.jobs(JOB_COMMENT) if j.active]
+
+
+@dataclass(frozen=True)
+class SlurmTarget:
+    job_id: str  # ddpctl's
+    slurm_id: str | None  # None: no longer known to Slurm
+    state: str | None
+
+
+def find(client: SlurmClient, target: str) -> SlurmTarget | None:
+    """The job the user means: a Slurm id, a ddpctl job id, or a job name (its newest run)."""
+    if target.isdigit():
+        job = client.job(target)
+        if job is None or job.comment != JOB_COMMENT:
+            return None
+        return SlurmTarget(job.name, job.job_id, job.state)
+    queued = [j for j in client.jobs(JOB_COMMENT) if j.name == target or j.name.startswith(f"{target}-")]
+    if queued:
+        job = max(queued, key=lambda j: int(j.job_id))
+        return SlurmTarget(job.name, job.job_id, job.state)
+    runs = f"{client.home().rstrip('/')}/.ddpctl/runs"
+    listing = client.run(["ls", "-1t", "--", runs], check=False).stdout.split()
+    for name in listing:  # newest first: a finished job's files are still there
+        if (name == target or (name.startswith(f"{target}-") and re.fullmatch(r".*-\d{8}-\d{6}-[0-9a-f]{4}", name))) \
+                and client.read(f"{runs}/{name}/job.sbatch") is not None:
+            return SlurmTarget(name, None, None)
+    return None
+
+
+def not_found(client: SlurmClient, target: str) -> HostError:
+    return HostError(client.transport.host.name, HostErrorKind.SLURM,
+                     f"no ddpctl Slurm job {target} on {client.where} (in squeue or under ~/.ddpctl/runs)",
+                     "`ddpctl ps --backend slurm` lists them; give the Slurm job id, the ddpctl job id or "
+                     "the job.toml")
+
+
+def cancel(client: SlurmClient, target: SlurmTarget, timeout: float = GONE_TIMEOUT_S) -> str:
+    """scancel the job and wait until Slurm has ended every process of it; its final state."""
+    if target.slurm_id is None:
+        return "ended"
+    client.cancel(target.slurm_id)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        job = client.job(target.slurm_id)
+        if job is None or not job.active:
+            return job.state if job is not None else "ended"
+        time.sleep(0.5)
+    raise HostError(client.transport.host.name, HostErrorKind.TIMEOUT,
+                    f"Slurm job {target.slurm_id} still {job.state if job else '?'} {timeout:.0f}s after scancel",
+                    f"check `squeue -j {target.slurm_id}` and the nodes' slurmd logs")
+
+
+def show_line(name: str, text: str, sink: LineSink) -> None:
+    """One line of the job's files as `logs` shows it: program output per node; the node
+    supervisor's own events only where they say something (its error, its exit)."""
+    m = NODE_FILE.match(name)
+    node = f"node{m.group('node')}" if m else "batch"
+    message = decode(OutputLine("stdout", text))
+    if isinstance(message, OutputLine):
+        sink(node, message.text)
+    elif isinstance(message, AgentResult):
+        sink(node, f"(node exited {parse_supervise(message.data).exit_code})")
+    elif isinstance(message, AgentEvent) and message.name == "error":
+        sink(node, f"error: {message.get('message')}")
+
+
+def logs(client: SlurmClient, target: SlurmTarget, follow: bool, sink: LineSink) -> None:
+    """Replay every node's output (every run of a requeued job); with follow, until it ends."""
+    state = state_dir(client.home(), target.job_id)
+    stream = start_agent(client.transport, "follow", {"dir": state, "pattern": FOLLOW_PATTERN, "poll": 0.2})
+    if not follow:
+        stream.send(b"STOP\n")  # one pass over what is there
+    stopped = not follow
+    last_poll = time.monotonic()
+    for message in stream.messages():
+        if isinstance(message, AgentEvent) and message.name == "line":
+            show_line(str(message.get("name")), str(message.get("text")), sink)
+        if not stopped and time.monotonic() - last_poll > 1.0:
+            last_poll = time.monotonic()
+            job = client.job(target.slurm_id) if target.slurm_id else None
+            if job is None or not job.active:
+                stream.send(b"STOP\n")
+                stopped = True
+    stream.wait(10)

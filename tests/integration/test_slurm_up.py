@@ -1,0 +1,294 @@
+"""`ddpctl up` on a real Slurm cluster (slurmctld + one slurmd per network namespace): the same
+job file, one torchrun per node through srun, live output per node and rank, fail fast, Ctrl-C,
+detach/ps/logs/down, requeue with a resumed checkpoint, a login node over SSH, two jobs on one
+head node. The nodes share this filesystem, so `[slurm] python` is this interpreter."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import stat
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from tests.ddpctl_run import ddpctl_argv, wait_for
+from tests.slurm_cluster import SlurmCluster
+
+REPO = Path(__file__).resolve().parents[2]
+TRICKY_ARGS = ["a b", "it's", '"quoted"', "$(touch /tmp/ddpctl-pwned)", "; echo injected", "`id`"]
+
+SHOW = """\
+import os, socket, sys
+import torch.distributed as dist
+dist.init_process_group("gloo")
+print(f"rank={dist.get_rank()} world={dist.get_world_size()} local={os.environ['LOCAL_RANK']} "
+      f"host={socket.gethostname()} args={sys.argv[1:]!r} secret={os.environ.get('API_TOKEN')}", flush=True)
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+FAIL = """\
+import time
+import torch.distributed as dist
+dist.init_process_group("gloo")
+if dist.get_rank() == 3:
+    raise ValueError("rank 3 cannot go on")
+time.sleep(300)
+"""
+
+SLEEP = """\
+import os, time
+import torch.distributed as dist
+dist.init_process_group("gloo")
+print(f"rank={dist.get_rank()} ready", flush=True)
+if os.fork() == 0:  # a double-forked straggler: Slurm's proctrack/cgroup must end it too
+    os.setsid()
+    time.sleep(300)
+    os._exit(0)
+time.sleep(300)
+"""
+
+# Waits (bounded) until both concurrent jobs are running, so that they overlap on the head node.
+OVERLAP = """\
+import os, sys, time
+from pathlib import Path
+import torch.distributed as dist
+dist.init_process_group("gloo")
+meet = Path(sys.argv[1])
+(meet / os.environ["DDPCTL_JOB_ID"]).touch()
+deadline = time.monotonic() + 60
+while len(list(meet.iterdir())) < 2 and time.monotonic() < deadline:
+    time.sleep(0.1)
+print(f"rank={dist.get_rank()} world={dist.get_world_size()} met={len(list(meet.iterdir()))}", flush=True)
+dist.barrier()
+"""
+
+
+def slurm_job(directory: Path, name: str, source: str, args: Sequence[str] = (), *, nodes: int = 2,
+              nproc: int = 2, slurm: dict[str, Any] | None = None, env: dict[str, str] | None = None) -> Path:
+    """A job.toml with a [slurm] table; the script beside it. Values are JSON-quoted (valid TOML)."""
+    script = directory / f"{name}.py"
+    script.write_text(source)
+    table = {"nodes": nodes, "python": sys.executable, **(slurm or {})}
+    lines = ["[job]", f"name = {json.dumps(name)}", f"script = {json.dumps(script.name)}",
+             f"args = {json.dumps(list(args))}", f"nproc_per_node = {nproc}", "[slurm]"]
+    lines += [f"{k} = {json.dumps(v)}" for k, v in table.items()]
+    lines += ["[env]", 'GLOO_SOCKET_IFNAME = "eth0"'] + [f"{k} = {json.dumps(v)}" for k, v in (env or {}).items()]
+    path = directory / f"{name}.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def env_for(cluster: SlurmCluster, login: bool = False) -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("SLURM_CONF", None)
+    return env if login else {**env, **cluster.client_env}
+
+
+def ddpctl(cluster: SlurmCluster, *args: str, cwd: Path, timeout: float = 180,
+           login: bool = False) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(ddpctl_argv(*args), capture_output=True, text=True, timeout=timeout, cwd=cwd,
+                          env=env_for(cluster, login), check=False)
+
+
+def summary(cwd: Path) -> dict[str, Any]:
+    (path,) = list((cwd / "runs").glob("*/summary.json"))
+    return json.loads(path.read_text())
+
+
+def slurm_record(cwd: Path) -> dict[str, Any]:
+    (path,) = list((cwd / "runs").glob("*/slurm.json"))
+    return json.loads(path.read_text())
+
+
+def rank_lines(stdout: str) -> dict[int, str]:
+    """rank -> the `[nodeK:R]  rank=R ...` line, checking the prefix names the rank the rank printed."""
+    found = {}
+    for m in re.finditer(r"^\[(node\d):(\w+)\]\s+rank=(\d+) (.*)$", stdout, re.MULTILINE):
+        assert m.group(2) == m.group(3), f"line labelled rank {m.group(2)} printed rank {m.group(3)}"
+        found[int(m.group(3))] = m.group(0)
+    return found
+
+
+def job_processes(cluster: SlurmCluster) -> dict[int, list[str]]:
+    """What runs in each compute node besides its slurmd (by command name)."""
+    out = {}
+    for i in range(len(cluster.nodes)):
+        names = []
+        for pid in cluster.node_pids(i):
+            try:
+                names.append(Path(f"/proc/{pid}/comm").read_text().strip())
+            except OSError:
+                continue
+        if names:
+            out[i] = names
+    return out
+
+
+def active_jobs(cluster: SlurmCluster) -> list[str]:
+    """Jobs still in Slurm's queue (pending, running or completing), as `id name state`."""
+    return [line for line in cluster.slurm("squeue", "-h", "-o", "%i %j %T").stdout.splitlines() if line.strip()]
+
+
+def test_two_nodes_two_ranks_each_verbatim_args_and_env_off_the_command_line(
+        slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    job = slurm_job(tmp_path, "show", SHOW, TRICKY_ARGS, env={"API_TOKEN": "s3cret-token"})
+    proc = ddpctl(slurm_cluster, "up", str(job), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ranks = rank_lines(proc.stdout)
+    assert sorted(ranks) == [0, 1, 2, 3], proc.stdout[-3000:]
+    for rank, line in ranks.items():
+        assert "world=4" in line and f"args={TRICKY_ARGS!r}" in line and "secret=s3cret-token" in line
+        assert line.startswith(f"[node{rank // 2}:")  # c10d's node ranks follow Slurm's task order here
+    hosts = {re.search(r"host=(\S+)", line).group(1) for line in ranks.values()}  # type: ignore[union-attr]
+    assert hosts == set(slurm_cluster.nodes)
+    assert not Path("/tmp/ddpctl-pwned").exists()
+    # the per-run log directory and summary, as the SSH backend keeps them
+    data = summary(tmp_path)
+    assert data["exit_code"] == 0 and {h["host"] for h in data["hosts"]} == {"node0", "node1"}
+    assert "rank=0 world=4" in (tmp_path / "runs" / data["job_id"] / "node0.log").read_text()
+    # the job env is in a 0600 request file, never in the batch script (nor on any command line)
+    state = Path(slurm_record(tmp_path)["state_dir"])
+    script = (state / "job.sbatch").read_text()
+    assert "s3cret-token" not in script and "API_TOKEN" not in script
+    request = state / "node.in"
+    assert stat.S_IMODE(request.stat().st_mode) == 0o600 and b"s3cret-token" in request.read_bytes()
+    assert "submitted Slurm job" in proc.stderr and f"node0 is {slurm_cluster.nodes[0]}" in proc.stderr
+
+
+def test_a_failing_rank_ends_the_job_on_every_node_and_is_named(slurm_cluster: SlurmCluster,
+                                                                 tmp_path: Path) -> None:
+    job = slurm_job(tmp_path, "fail", FAIL)
+    proc = ddpctl(slurm_cluster, "up", str(job), cwd=tmp_path)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "first failure: rank 3 on node1" in proc.stderr
+    assert "ValueError: rank 3 cannot go on" in proc.stderr
+    root = summary(tmp_path)["root_cause"]
+    assert root["host"] == "node1" and root["error"]["rank"] == 3 and root["error"]["kind"] == "ValueError"
+    assert job_processes(slurm_cluster) == {}  # rank 0-2 slept for 300 s: --kill-on-bad-exit ended them
+    assert active_jobs(slurm_cluster) == []
+
+
+def start_up(cluster: SlurmCluster, job: Path, cwd: Path, out: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(ddpctl_argv("up", str(job)), cwd=cwd, env=env_for(cluster),
+                            stdout=out.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def test_ctrl_c_cancels_the_job_and_leaves_no_process_on_any_node(slurm_cluster: SlurmCluster,
+                                                                  tmp_path: Path) -> None:
+    job = slurm_job(tmp_path, "sleepy", SLEEP)
+    out = tmp_path / "up.out"
+    proc = start_up(slurm_cluster, job, tmp_path, out)
+    try:
+        wait_for(lambda: out.read_text().count(" ready") >= 4, 90, "every rank ready")
+        assert len(job_processes(slurm_cluster)) == 2
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(120) == 130
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    text = out.read_text()
+    assert "interrupted: stopping the job on every host" in text
+    # `up` returned only once Slurm had ended the job: nothing of it is left, the straggler included
+    assert active_jobs(slurm_cluster) == []
+    left = job_processes(slurm_cluster)
+    assert all(name == "slurmstepd" for names in left.values() for name in names), left
+    wait_for(lambda: job_processes(slurm_cluster) == {}, 30, "the step daemons to exit")
+    assert summary(tmp_path)["exit_code"] == 130
+
+
+def test_detach_then_ps_logs_and_down(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    job = slurm_job(tmp_path, "detached", SLEEP)
+    up = ddpctl(slurm_cluster, "up", str(job), "--detach", cwd=tmp_path)
+    assert up.returncode == 0, up.stderr
+    record = slurm_record(tmp_path)
+    slurm_id, job_id = record["slurm_job_id"], record["job_id"]
+    assert f"submitted Slurm job {slurm_id}" in up.stderr
+
+    def ps() -> Any:
+        out = ddpctl(slurm_cluster, "ps", "--backend", "slurm", "--json", cwd=tmp_path)
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout)["jobs"]
+
+    running = wait_for(lambda: [j for j in ps() if j["slurm_job_id"] == slurm_id and j["state"] == "RUNNING"],
+                       60, "the job to run")
+    assert running[0]["job_id"] == job_id
+
+    def logs() -> str:
+        out = ddpctl(slurm_cluster, "logs", str(job), cwd=tmp_path)
+        assert out.returncode == 0, out.stderr
+        return out.stdout
+
+    text = wait_for(lambda: (lambda t: t if t.count(" ready") >= 4 else "")(logs()), 90, "every rank's line in logs")
+    assert re.search(r"^\[node0\] \[default0\]:rank=\d ready", text, re.MULTILINE), text
+
+    down = ddpctl(slurm_cluster, "down", slurm_id, "--backend", "slurm", cwd=tmp_path)
+    assert down.returncode == 0, down.stderr
+    assert f"cancelled Slurm job {slurm_id} ({job_id})" in down.stdout
+    assert active_jobs(slurm_cluster) == []
+    assert not any(j["slurm_job_id"] == slurm_id for j in ps())
+    again = ddpctl(slurm_cluster, "down", str(job), cwd=tmp_path)
+    assert again.returncode == 1 and "no ddpctl Slurm job" in again.stderr
+    # logs of the finished job are still there (the files on the cluster, no accounting needed)
+    assert logs().count(" ready") >= 4
+
+
+def test_submitted_through_a_login_node_over_ssh_without_slurm_config_here(slurm_cluster: SlurmCluster,
+                                                                           tmp_path: Path) -> None:
+    job = slurm_job(tmp_path, "viallogin", SHOW, ["x y"], slurm={"login": slurm_cluster.login_alias})
+    here = subprocess.run(["sinfo"], capture_output=True, text=True, env=env_for(slurm_cluster, login=True),
+                          check=False)
+    assert here.returncode != 0  # this side cannot talk to Slurm by itself
+    proc = ddpctl(slurm_cluster, "up", str(job), "--ssh-config", str(slurm_cluster.ssh_config), cwd=tmp_path,
+                  login=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"on login node {slurm_cluster.login_alias}" in proc.stderr
+    assert sorted(rank_lines(proc.stdout)) == [0, 1, 2, 3]
+    # ps and down go through the login node too
+    ps = ddpctl(slurm_cluster, "ps", "--backend", "slurm", "--login", slurm_cluster.login_alias,
+                "--ssh-config", str(slurm_cluster.ssh_config), cwd=tmp_path, login=True)
+    assert ps.returncode == 0 and "no ddpctl jobs" in ps.stdout, ps.stderr
+
+
+def test_two_concurrent_jobs_on_one_head_node_get_their_own_rendezvous(slurm_cluster: SlurmCluster,
+                                                                        tmp_path: Path) -> None:
+    meet = tmp_path / "meet"
+    meet.mkdir()
+    outs, procs = [], []
+    for name in ("first", "second"):
+        (tmp_path / name).mkdir()
+        job = slurm_job(tmp_path / name, name, OVERLAP, [str(meet)], nproc=1, slurm={"cpus_per_task": 1})
+        outs.append(tmp_path / f"{name}.out")
+        procs.append(start_up(slurm_cluster, job, job.parent, outs[-1]))
+    try:
+        codes = [p.wait(180) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    texts = [o.read_text() for o in outs]
+    assert codes == [0, 0], texts
+    ports = []
+    for text in texts:
+        assert "met=2" in text and "world=2" in text  # they overlapped, each with its own two ranks
+        m = re.search(r"rendezvous (\S+):(\d+)", text)
+        assert m is not None, text
+        ports.append((m.group(1), m.group(2)))
+    assert ports[0][0] == ports[1][0] == slurm_cluster.nodes[0]  # one head node
+    assert ports[0][1] != ports[1][1]  # two stores
+
+
+def test_dry_run_prints_the_batch_script_with_secrets_masked(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    job = slurm_job(tmp_path, "dry", SHOW, slurm={"partition": "debug", "time": "00:05:00"},
+                    env={"API_TOKEN": "s3cret-token"})
+    proc = ddpctl(slurm_cluster, "up", str(job), "--dry-run", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "#SBATCH --partition=debug" in proc.stdout and "#SBATCH --time=00:05:00" in proc.stdout
+    assert "srun --kill-on-bad-exit=1" in proc.stdout and "API_TOKEN=***" in proc.stdout
+    assert "s3cret-token" not in proc.stdout + proc.stderr
+    assert active_jobs(slurm_cluster) == []  # nothing submitted
