@@ -159,6 +159,7 @@ def test_two_nodes_two_ranks_each_verbatim_args_and_env_off_the_command_line(
     request = state / "node.in"
     assert stat.S_IMODE(request.stat().st_mode) == 0o600 and b"s3cret-token" in request.read_bytes()
     assert "submitted Slurm job" in proc.stderr and f"node0 is {slurm_cluster.nodes[0]}" in proc.stderr
+    assert slurm_record(tmp_path)["node_names"] == {f"node{i}": n for i, n in enumerate(slurm_cluster.nodes)}
 
 
 def test_a_failing_rank_ends_the_job_on_every_node_and_is_named(slurm_cluster: SlurmCluster,

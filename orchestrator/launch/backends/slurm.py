@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from inventory import LOCALHOST, Host, Inventory, Job
 from inventory.slurm import SlurmSpec
@@ -101,6 +102,13 @@ class Submission:
     state: str  # the job's directory on the cluster
     script: str  # its batch script there
     slurm_id: str
+    record: Path  # slurm.json in the local run directory
+
+    def write_record(self, login: str | None, node_names: dict[str, str]) -> None:
+        """What `ddpctl` and the user need to find the job again: ids, where, which node is which."""
+        self.record.write_text(json.dumps(
+            {"job_id": self.plan.job_id, "slurm_job_id": self.slurm_id, "login": login, "state_dir": self.state,
+             "nodes": len(self.plan.hosts), "node_names": node_names}, indent=2))
 
 
 def batch_request(plan: LaunchPlan, spec: SlurmSpec, options: LaunchOptions) -> dict[str, object]:
@@ -130,6 +138,7 @@ class SlurmBackend:
         self.requeued: set[int] = set()
         self.exited: set[int] = set()  # nodes whose final report came
         self.runs_seen: set[tuple[int, int]] = set()
+        self.node_names: dict[str, str] = {}  # node0.. -> the Slurm node it ran on (last run)
 
     # -- before launch ----------------------------------------------------------------------
     def resolve(self, job: Job, options: LaunchOptions, notice: Notice, settle: bool) -> Resolved:
@@ -162,12 +171,10 @@ class SlurmBackend:
         for path, (data, mode) in self.files(plan, options, self.client.home()).items():
             self.client.write(path, data, mode)
         slurm_id = self.client.submit(sbatch_argv(state, plan.hosts[0].cwd))
-        sub = Submission(plan, state, f"{state}/job.sbatch", slurm_id)
         run_dir = options.runs_dir / plan.job_id
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "slurm.json").write_text(json.dumps(
-            {"job_id": plan.job_id, "slurm_job_id": slurm_id, "login": self.spec.login, "state_dir": state,
-             "nodes": self.spec.nodes}, indent=2))
+        sub = Submission(plan, state, f"{state}/job.sbatch", slurm_id, run_dir / "slurm.json")
+        sub.write_record(self.spec.login, {})
         return sub
 
     # -- running ----------------------------------------------------------------------------
@@ -241,6 +248,7 @@ class SlurmBackend:
         elif message.name == "started":
             if (run, node) not in self.runs_seen:
                 self.runs_seen.add((run, node))
+                self.node_names[host] = str(message.get("hostname"))
                 emit(NoticeEvent(host, f"{host} is {message.get('hostname')} (Slurm job {sub.slurm_id}"
                                        + (f", run {run} after requeue)" if run else ")")))
             emit(Started(host, message.get("log")))
@@ -323,6 +331,8 @@ class SlurmBackend:
         if submitted:
             self.gone.wait(WIND_DOWN_S)
         self.closed.set()
+        if self.submitted is not None:
+            self.submitted.write_record(self.spec.login, dict(self.node_names))
         follower = self.follower
         if follower is not None:
             try:
