@@ -293,3 +293,42 @@ def test_dry_run_prints_the_batch_script_with_secrets_masked(slurm_cluster: Slur
     assert "srun --kill-on-bad-exit=1" in proc.stdout and "API_TOKEN=***" in proc.stdout
     assert "s3cret-token" not in proc.stdout + proc.stderr
     assert active_jobs(slurm_cluster) == []  # nothing submitted
+
+
+def test_requeue_before_the_time_limit_resumes_from_the_checkpoint(slurm_cluster: SlurmCluster,
+                                                                   tmp_path: Path) -> None:
+    """The time-limit warning (sent here by hand: `scancel --signal=USR1 --batch`, what
+    `--signal=B:USR1@90` does) reaches every rank as a Python signal; image_classifier checkpoints,
+    the job requeues itself, and its rerun resumes from the checkpoint, with `up` attached throughout."""
+    train = REPO / "train_jobs" / "image_classifier" / "train.py"
+    args = ["--epochs", "6", "--width", "4", "--train-size", "768", "--test-size", "64", "--batch-size", "32",
+            "--checkpoint-dir", str(tmp_path / "ckpt")]
+    lines = ["[job]", 'name = "requeued"', f"script = {json.dumps(str(train))}", f"args = {json.dumps(args)}",
+             "nproc_per_node = 1", "[slurm]", "nodes = 2", f"python = {json.dumps(sys.executable)}",
+             "requeue = true", "[env]", 'GLOO_SOCKET_IFNAME = "eth0"']
+    job = tmp_path / "requeued.toml"
+    job.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "up.out"
+    proc = start_up(slurm_cluster, job, tmp_path, out)
+    try:
+        wait_for(lambda: re.search(r"\]\s+epoch=\d", out.read_text()), 120, "the first epoch")
+        slurm_id = slurm_record(tmp_path)["slurm_job_id"]
+        assert slurm_cluster.slurm("scancel", "--signal=USR1", "--batch", slurm_id).returncode == 0
+        wait_for(lambda: "PENDING" in slurm_cluster.slurm("squeue", "-h", "-j", slurm_id, "-o", "%T").stdout,
+                 120, "the job to be requeued")
+        # Slurm holds a requeued job for a while (BeginTime): let it start now
+        assert slurm_cluster.slurm("scontrol", "update", f"JobId={slurm_id}", "StartTime=now").returncode == 0
+        assert proc.wait(240) == 0, out.read_text()[-4000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    text = out.read_text()
+    saved = re.search(r"preempted: checkpoint saved at epoch=(\d+)", text)
+    resumed = re.search(r"resumed from checkpoint at epoch=(\d+) \(restart 1\)", text)
+    assert saved and resumed, text[-4000:]
+    assert saved.group(1) == resumed.group(1)
+    assert "got SIGUSR1: passing it to the ranks, then requeueing" in text
+    assert "run 0 ended" in text and "run 1 after requeue" in text
+    assert re.search(r"final acc=\S+ loss=\S+ epochs=6", text), text[-2000:]
+    assert summary(tmp_path)["exit_code"] == 0
+    assert active_jobs(slurm_cluster) == []

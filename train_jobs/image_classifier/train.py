@@ -1,20 +1,44 @@
-"""DDP image classifier: small ResNet on CIFAR-shaped data, with accumulation, AMP and resume.
+"""DDP image classifier: small ResNet on CIFAR-shaped data, with accumulation, AMP, resume and
+preemption.
 
 Launch: python -m torch.distributed.run --standalone --nproc-per-node 2 train.py --epochs 5
 Rank 0 prints one line per epoch and a final line:
   epoch=E loss=L acc=A samples_per_s=S train_acc=T time_s=X   (acc: held-out accuracy)
   final acc=A loss=L epochs=N checksum=C
 and every rank prints common.rank_report_line (params_identical=..., checksum=...).
+
+With --checkpoint-dir DIR, rank 0 writes DIR/last.pt atomically after every epoch.
+
+Preemption: SIGUSR1 on any rank (torchrun forwards it to every worker when started with
+`--signals-to-handle SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1`; Slurm sends it before the time limit
+with `--signal=USR1@90`) makes all ranks stop at the next optimizer step (they agree with an
+all_reduce after every step, so a gradient-accumulation group is never split). Rank 0 saves the
+position (epoch, micro-batches done, model/optimizer/scaler, every rank's RNG and running totals)
+and every rank exits 0 after rank 0 prints one of:
+  preempted: checkpoint saved at epoch=E          (E: the epoch a resumed run continues)
+  preempted: no --checkpoint-dir, nothing saved
+A torchrun that received the signal itself still exits 1 (it re-raises it as SignalException).
+
+Resume: --resume, or automatically when SLURM_RESTART_COUNT > 0 (a requeued Slurm job) and
+--checkpoint-dir holds a checkpoint. Rank 0 prints
+  resumed from checkpoint at epoch=E (restart N)   (N: SLURM_RESTART_COUNT, 0 for --resume)
+and the run continues mid-epoch where it stopped: with the same world size it ends with exactly
+the checksum of an uninterrupted run.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
+import os
+import signal
 import sys
 import time
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import torch
@@ -55,6 +79,12 @@ class TrainArgs:
     seed: int
     checkpoint_dir: Path | None
     resume: bool
+    restart: int  # SLURM_RESTART_COUNT: 0 on the first run, n on the n-th requeue
+
+    @property
+    def auto_resume(self) -> bool:
+        """--resume, or a requeued Slurm job that has somewhere to resume from."""
+        return self.resume or (self.restart > 0 and self.checkpoint_dir is not None)
 
 
 @dataclass(frozen=True)
@@ -67,15 +97,41 @@ class EpochStats:
     seconds: float
 
 
-@dataclass
-class State:
-    """What a checkpoint restores."""
+class PreemptFlag:
+    """Set by SIGUSR1 and nothing else; the ranks act on it together (agreed) at a step boundary."""
 
-    start_epoch: int
-    history: list[dict[str, float]]
+    def __init__(self) -> None:
+        self.requested = False
+
+    def install(self, signum: int = signal.SIGUSR1) -> None:
+        signal.signal(signum, self._on_signal)
+        signal.siginterrupt(signum, False)  # restart interrupted system calls: only a flag is set
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self.requested = True
+
+    def agreed(self, device: torch.device) -> bool:
+        """Collective: True on every rank when any rank has been signalled."""
+        flag = torch.tensor([1.0 if self.requested else 0.0], device=device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
 
 
-def parse_args(argv: list[str]) -> TrainArgs:
+def restart_count(environ: Mapping[str, str]) -> int:
+    """SLURM_RESTART_COUNT (Slurm sets it on a requeued job); 0 when unset or empty."""
+    raw = environ.get("SLURM_RESTART_COUNT", "").strip()
+    if not raw:
+        return 0
+    try:
+        count = int(raw)
+    except ValueError:
+        raise ValueError(f"SLURM_RESTART_COUNT={raw!r} is not a whole number") from None
+    if count < 0:
+        raise ValueError(f"SLURM_RESTART_COUNT={raw!r} is negative")
+    return count
+
+
+def parse_args(argv: list[str], environ: Mapping[str, str] = os.environ) -> TrainArgs:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--epochs", type=int, default=5)
     p.add_argument("--batch-size", type=int, default=64, help="per-rank micro-batch size")
@@ -92,13 +148,21 @@ def parse_args(argv: list[str]) -> TrainArgs:
     p.add_argument("--test-size", type=int, default=512)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--checkpoint-dir", type=Path, default=None)
-    p.add_argument("--resume", action="store_true", help="continue from checkpoint-dir/last.pt")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue from checkpoint-dir/last.pt (implied when SLURM_RESTART_COUNT > 0)",
+    )
     ns = p.parse_args(argv)
     if ns.resume and ns.checkpoint_dir is None:
         p.error("--resume needs --checkpoint-dir DIR (where last.pt was saved)")
     if ns.accum_steps < 1:
         p.error(f"--accum-steps {ns.accum_steps}: must be >= 1")
-    return TrainArgs(**{k: v for k, v in vars(ns).items()})
+    try:
+        restart = restart_count(environ)
+    except ValueError as e:
+        p.error(f"{e}: unset it or set it to 0, 1, 2, ... (Slurm's restart count)")
+    return TrainArgs(**vars(ns), restart=restart)
 
 
 def build_model(ctx: common.DistContext, args: TrainArgs) -> DistributedDataParallel:
@@ -124,6 +188,19 @@ def is_step_batch(i: int, n_batches: int, accum_steps: int) -> bool:
     return (i + 1) % accum_steps == 0 or i == n_batches - 1
 
 
+def remaining_batches(loader: DataLoader[Any], at: ckpt.Progress) -> Iterator[tuple[int, Any]]:
+    """(index, micro-batch) of the epoch from at.batches_done on.
+
+    Making the iterator draws the loader's base seed from the global RNG, so a mid-epoch resume
+    restores the RNG saved at the step boundary only after that draw.
+    """
+    batches = iter(loader)
+    if at.rng is not None:
+        ckpt.set_rng_state(at.rng)
+        at.rng = None
+    return itertools.islice(enumerate(batches), at.batches_done, None)
+
+
 def train_one_epoch(
     ctx: common.DistContext,
     ddp: DistributedDataParallel,
@@ -131,13 +208,17 @@ def train_one_epoch(
     opt: torch.optim.Optimizer,
     scaler: torch.amp.GradScaler,
     args: TrainArgs,
-) -> EpochStats:
+    at: ckpt.Progress,
+    preempt: PreemptFlag,
+) -> bool:
+    """Train the rest of epoch at.epoch, updating `at`; False when the ranks agreed to stop for
+    preemption (checked after every optimizer step, so never inside an accumulation group)."""
     amp = common.select_amp(args.amp, ctx.device.type)
     ddp.train()
-    totals = torch.zeros(3, dtype=torch.float64, device=ctx.device)  # loss sum, correct, count
     start = time.perf_counter()
     n = len(loader)
-    for i, (x, y) in enumerate(loader):
+    finished = True
+    for i, (x, y) in remaining_batches(loader, at):
         x, y = random_flip(x.to(ctx.device)), y.to(ctx.device)
         stepping = is_step_batch(i, n, args.accum_steps)
         sync = contextlib.nullcontext() if stepping else ddp.no_sync()
@@ -154,14 +235,24 @@ def train_one_epoch(
             scaler.update()
             opt.zero_grad(set_to_none=True)
         correct = (logits.argmax(1) == y).sum()
-        totals += torch.stack([loss.detach().double() * len(y), correct.double(), totals.new_tensor(len(y))])
+        at.totals += torch.stack([loss.detach().double() * len(y), correct.double(), at.totals.new_tensor(len(y))])
+        at.batches_done = i + 1
+        if stepping and preempt.agreed(ctx.device):
+            finished = False
+            break
+    at.seconds += time.perf_counter() - start
+    return finished
+
+
+def epoch_stats(at: ckpt.Progress) -> EpochStats:
+    """Collective: the finished epoch's figures over all ranks."""
+    totals = at.totals.clone()
     dist.all_reduce(totals)
-    seconds = time.perf_counter() - start
     return EpochStats(
         loss=float(totals[0] / totals[2]),
         train_acc=float(totals[1] / totals[2]),
         samples=int(totals[2]),
-        seconds=seconds,
+        seconds=at.seconds,
     )
 
 
@@ -185,60 +276,45 @@ def evaluate(ctx: common.DistContext, model: nn.Module, test: TensorDataset, bs:
     return float(counts[0] / counts[1])
 
 
-def save_checkpoint(
+def resume(
     ctx: common.DistContext,
     args: TrainArgs,
     ddp: DistributedDataParallel,
     opt: torch.optim.Optimizer,
     scaler: torch.amp.GradScaler,
-    epoch: int,
-    history: list[dict[str, float]],
-) -> None:
-    """Gather every rank's RNG state; rank 0 writes last.pt atomically."""
-    if args.checkpoint_dir is None:
-        return
-    rngs: list[Any] = [None] * ctx.env.world_size
-    dist.all_gather_object(rngs, ckpt.rng_state())
-    if ctx.is_main:
-        state = {
-            "model": ddp.module.state_dict(),
-            "optimizer": opt.state_dict(),
-            "scaler": scaler.state_dict(),
-            "epoch": epoch,  # last completed epoch
-            "sampler": {"seed": args.seed, "next_epoch": epoch + 1},
-            "rng": rngs,
-            "history": history,
-            "world_size": ctx.env.world_size,
-        }
-        ckpt.save_atomic(state, args.checkpoint_dir)
-
-
-def restore(
-    ctx: common.DistContext,
-    args: TrainArgs,
-    ddp: DistributedDataParallel,
-    opt: torch.optim.Optimizer,
-    scaler: torch.amp.GradScaler,
-) -> State:
-    """Rank 0 reads last.pt and broadcasts it (works without a shared filesystem)."""
-    box: list[Any] = [None]
-    if ctx.is_main and args.checkpoint_dir is not None:
-        box[0] = ckpt.load_last(args.checkpoint_dir)
-    dist.broadcast_object_list(box, src=0)
-    state = box[0]
-    if state is None:
+) -> ckpt.Resumed:
+    """Where the run starts: the checkpoint's position (--resume, or a requeued Slurm job), else epoch 0."""
+    fresh = ckpt.Resumed(at=ckpt.Progress(epoch=0, totals=ckpt.zero_totals(ctx.device)))
+    if args.checkpoint_dir is None or not args.auto_resume:
+        if args.restart > 0:
+            common.print0(ctx, f"restart {args.restart}: no --checkpoint-dir to resume from, starting fresh")
+        return fresh
+    resumed = ckpt.restore_run(ctx, args.checkpoint_dir, ddp.module, opt, scaler, args.seed)
+    if resumed is None:
         common.print0(ctx, f"resume: no checkpoint in {args.checkpoint_dir}, starting fresh")
-        return State(start_epoch=0, history=[])
-    ddp.module.load_state_dict(state["model"])
-    opt.load_state_dict(state["optimizer"])
-    scaler.load_state_dict(state["scaler"])
-    if state["world_size"] == ctx.env.world_size:
-        ckpt.set_rng_state(state["rng"][ctx.env.rank])
+        return fresh
+    common.print0(ctx, f"resumed from checkpoint at epoch={resumed.at.epoch} (restart {args.restart})")
+    return resumed
+
+
+def stop_preempted(
+    ctx: common.DistContext,
+    args: TrainArgs,
+    ddp: DistributedDataParallel,
+    opt: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler,
+    at: ckpt.Progress,
+    history: list[dict[str, float]],
+) -> int:
+    """Rank 0 saves where the run stands; once every rank is past that, rank 0 says so. Exit code 0."""
+    if args.checkpoint_dir is None:
+        line = "preempted: no --checkpoint-dir, nothing saved"
     else:
-        common.print0(ctx, "resume: world size changed; RNG reseeded (not bit-identical)")
-        torch.manual_seed(args.seed + 1000 * state["epoch"] + ctx.env.rank)
-    common.print0(ctx, f"resume: from epoch={state['epoch']} in {args.checkpoint_dir}")
-    return State(start_epoch=state["sampler"]["next_epoch"], history=list(state["history"]))
+        ckpt.save_run(ctx, args.checkpoint_dir, ddp.module, opt, scaler, at, history, args.seed)
+        line = f"preempted: checkpoint saved at epoch={at.epoch}"
+    dist.barrier()
+    common.print0(ctx, line)
+    return 0
 
 
 def epoch_line(epoch: int, stats: EpochStats, acc: float) -> str:
@@ -249,27 +325,32 @@ def epoch_line(epoch: int, stats: EpochStats, acc: float) -> str:
     )
 
 
-def run(ctx: common.DistContext, args: TrainArgs) -> int:
+def run(ctx: common.DistContext, args: TrainArgs, preempt: PreemptFlag) -> int:
     splits = load_splits(args.data, args.train_size, args.test_size, seed=1234)
     common.print0(ctx, f"data={splits.source} train={len(splits.train)} test={len(splits.test)}")
     ddp = build_model(ctx, args)
     opt = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay)
     scaler = torch.amp.GradScaler(ctx.device.type, enabled=common.select_amp(args.amp, "").use_scaler)
     torch.manual_seed(args.seed + 1 + ctx.env.rank)  # per-rank augmentation stream
-    state = restore(ctx, args, ddp, opt, scaler) if args.resume else State(0, [])
+    start = resume(ctx, args, ddp, opt, scaler)
+    at, history = start.at, start.history
     sampler = DistributedSampler(splits.train, shuffle=True, seed=args.seed)
     loader = DataLoader(splits.train, batch_size=args.batch_size, sampler=sampler)
-    for epoch in range(state.start_epoch, args.epochs):
-        sampler.set_epoch(epoch)
-        stats = train_one_epoch(ctx, ddp, loader, opt, scaler, args)
+    while at.epoch < args.epochs:
+        sampler.set_epoch(at.epoch)
+        if not train_one_epoch(ctx, ddp, loader, opt, scaler, args, at, preempt):
+            return stop_preempted(ctx, args, ddp, opt, scaler, at, history)
+        stats = epoch_stats(at)
         sync_buffers(ddp.module)
         acc = evaluate(ctx, ddp.module, splits.test, 256)
-        state.history.append({"epoch": epoch, "loss": stats.loss, "acc": acc})
-        common.print0(ctx, epoch_line(epoch, stats, acc))
-        save_checkpoint(ctx, args, ddp, opt, scaler, epoch, state.history)
+        history.append({"epoch": at.epoch, "loss": stats.loss, "acc": acc})
+        common.print0(ctx, epoch_line(at.epoch, stats, acc))
+        at = ckpt.Progress(epoch=at.epoch + 1, totals=ckpt.zero_totals(ctx.device))
+        if args.checkpoint_dir is not None:
+            ckpt.save_run(ctx, args.checkpoint_dir, ddp.module, opt, scaler, at, history, args.seed)
     check = common.check_params_identical(ctx, ddp.module.parameters())
     common.emit(common.rank_report_line(ctx, check))
-    last = state.history[-1] if state.history else {"loss": float("nan"), "acc": float("nan")}
+    last = history[-1] if history else {"loss": float("nan"), "acc": float("nan")}
     common.print0(
         ctx,
         f"final acc={last['acc']:.4f} loss={last['loss']:.6f} epochs={args.epochs} checksum={check.checksum:.10e}",
@@ -279,11 +360,13 @@ def run(ctx: common.DistContext, args: TrainArgs) -> int:
 
 @record
 def main(argv: list[str] | None = None) -> int:
+    preempt = PreemptFlag()
+    preempt.install()  # first thing: from here on SIGUSR1 stops the run cleanly instead of killing it
     args = parse_args(sys.argv[1:] if argv is None else argv)
     ctx = common.init_distributed()
     ok = False
     try:
-        rc = run(ctx, args)
+        rc = run(ctx, args, preempt)
         ok = True
         return rc
     finally:
