@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from inventory.fields import check_keys, describe, expect_int, expect_str, expect_str_list, expect_token
+from inventory.model import Host, Job
 from inventory.tomlsource import Reporter
 
 SLURM_KEYS = ("nodes", "partition", "account", "qos", "time", "gpus_per_node", "cpus_per_task", "mem",
@@ -15,6 +16,7 @@ MAX_NODES = 100_000
 MAX_SIGNAL_LEAD_S = 65535  # Slurm's own bound on --signal's time
 SIGNALS = ("USR1", "USR2", "TERM", "INT", "HUP", "QUIT", "URG")
 DEFAULT_SIGNAL = "USR1@90"
+DEFAULT_BASE_PORT = 29500  # the rendezvous port's search starts here (+ job id mod 1000)
 
 # Slurm's --time forms: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S
 _TIME = re.compile(r"^(?:(?P<d>\d+)-(?P<dh>\d+)(?::(?P<dm>\d+)(?::(?P<ds>\d+))?)?"
@@ -162,3 +164,19 @@ def _signal(src: Reporter, key: str, value: object) -> str:
                         f'write NAME@SECONDS with NAME one of {", ".join(SIGNALS)}, e.g. "{DEFAULT_SIGNAL}"',
                         value=value)
     return f"{m.group('name')}@{int(m.group('lead') or 60)}"
+
+
+def node_hosts(job: Job, spec: SlurmSpec) -> tuple[Host, ...]:
+    """The plan's nodes: node0..node<N-1> in Slurm's task order; their names come at run time."""
+    workdir = spec.workdir or str(job.base_dir)
+    return tuple(Host(name=f"node{i}", address=f"node{i}", python=spec.python, workdir=workdir)
+                 for i in range(spec.nodes))
+
+
+def nproc_for(job: Job, spec: SlurmSpec) -> int:
+    n = job.nproc_per_node
+    if isinstance(n, int):
+        return n
+    if n == "cpu":
+        return spec.cpus_per_task or 1
+    return spec.gpus_per_node or 1  # "gpu" (the loader insists on gpus_per_node) and "auto"

@@ -25,6 +25,7 @@ OPS: Dict[str, str] = {
     "logs": "node_agent.jobs:logs",
     "stacks": "node_agent.stacks:dump",
     "follow": "node_agent.follow:follow",
+    "slurm_check": "node_agent.slurm_probe:check",
 }
 
 

@@ -29,6 +29,7 @@ from orchestrator.doctor import CheckStatus, DoctorContext, Finding, Report, run
 from orchestrator.doctor.collective import BandwidthReport, bandwidth_report, job_for, smoke_findings
 from orchestrator.doctor.context import from_inventory, from_job
 from orchestrator.doctor.render import render, to_json
+from orchestrator.doctor.slurm import run_slurm_doctor
 from orchestrator.launch.backends.base import Backend
 from orchestrator.launch.backends.ssh import SshBackend
 from orchestrator.remote.pool import DEFAULT_PARALLEL, make_pool
@@ -91,6 +92,9 @@ def doctor_command(
     Exit 0 with no errors, 1 with any (--strict: or warnings), 2 for bad input.
     """
     ctx, job = build_context(job_file, inventory, master_port, timeout, not no_cache)
+    if job is not None and job.slurm is not None and (smoke or bandwidth):
+        raise ConfigError("--smoke and --bandwidth run over SSH, not on a Slurm job", key="--smoke",
+                          hint="drop them for a job with a [slurm] table")
     pool = make_pool(ssh_config, known_hosts, accept_new, parallel, connect_timeout)
 
     def notice(text: str) -> None:
@@ -98,7 +102,10 @@ def doctor_command(
             err_console.print(f"[dim]doctor: {escape(text)}[/]")
 
     with pool:
-        report = run_doctor(ctx, pool, notice)
+        if job is not None and job.slurm is not None:
+            report = run_slurm_doctor(job, pool, timeout, not no_cache, notice)
+        else:
+            report = run_doctor(ctx, pool, notice)
         bw = None
         if smoke or bandwidth:
             bw = run_launch_checks(report, job_for(ctx, job), SshBackend(pool), notice, smoke, bandwidth, pairs,

@@ -33,9 +33,8 @@ from orchestrator.commands.common import (
 from orchestrator.errors import HostError
 from orchestrator.hostops import slurm_jobs
 from orchestrator.hostops.jobs import JobAbsent, down_absent, job_logs, logs_absent, running_jobs, stop_job
-from orchestrator.launch.backends.slurm import slurm_client
 from orchestrator.remote.pool import make_pool
-from orchestrator.remote.slurm import ACTIVE_STATES, QueuedJob, SlurmClient
+from orchestrator.remote.slurm import ACTIVE_STATES, QueuedJob, SlurmClient, slurm_client
 
 JobArg = Annotated[str, typer.Argument(help="A job id (or name), or the job.toml it was started from.")]
 BackendOpt = Annotated[BackendChoice | None, typer.Option(

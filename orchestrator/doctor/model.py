@@ -61,6 +61,8 @@ class DoctorContext:
     connect_timeout_s: float = 3.0
     timeout_s: float = 120.0
     use_cache: bool = True  # hosts may reuse torch facts cached under an exact key
+    session: str = "non-interactive SSH session"  # what runs the launch on a host (fixes name it)
+    python_key: str = "python = \"/absolute/path/to/python\" for {host} in the inventory"
 
     def host_env(self, host: Host, host_facts_env: Mapping[str, str]) -> dict[str, str]:
         """The env a launched process sees: host env < inventory env < job env."""

@@ -8,7 +8,9 @@ import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from inventory import LOCALHOST, Host, Inventory
 from orchestrator.errors import HostError, HostErrorKind
+from orchestrator.remote.pool import HostPool
 from orchestrator.remote.transport import CommandResult, Transport
 
 ACTIVE_STATES = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED",
@@ -94,8 +96,8 @@ class SlurmClient:
             return HostError(self.transport.host.name, HostErrorKind.SLURM,
                              f"{argv[0]} is not available on {self.where}", fix)
         return HostError(self.transport.host.name, HostErrorKind.SLURM,
-                         f"{shlex.join(argv)} failed on {self.where} (exit {result.exit_code}): "
-                         + " / ".join(said[-3:]), "")
+                         f"{argv[0]} failed on {self.where} (exit {result.exit_code}): " + " / ".join(said[-3:]),
+                         f"the command was: {shlex.join(argv)}")
 
     # -- files on the cluster side ----------------------------------------------------------
     def home(self) -> str:
@@ -156,3 +158,19 @@ class SlurmClient:
             if name is not None or fields.get("Default") == "YES":
                 return fields
         return None
+
+
+def login_host(login: str | None, inventory: Inventory) -> Host:
+    """Where Slurm's commands run: the login node (an inventory host, or an SSH destination
+    `[user@]host` that ssh_config may alias), else this machine."""
+    if login is None:
+        return LOCALHOST
+    known = inventory.get(login)
+    if known is not None:
+        return known
+    user, _, host = login.rpartition("@")
+    return Host(name=login, address=host, user=user or None)
+
+
+def slurm_client(pool: HostPool, login: str | None, inventory: Inventory) -> SlurmClient:
+    return SlurmClient(pool.transport(login_host(login, inventory)), login)

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from inventory import load_job
-from inventory.slurm import SlurmSpec
-from orchestrator.launch.backends.slurm import batch_request, exit_code_of, node_hosts, nproc_for
+from inventory.slurm import SlurmSpec, node_hosts, nproc_for
+from orchestrator.launch.backends.slurm import batch_request, exit_code_of
 from orchestrator.launch.backends.slurm_script import render_batch, render_node, sbatch_argv, state_dir
 from orchestrator.launch.options import LaunchOptions
 from orchestrator.launch.plan import LaunchPlan, build_plan

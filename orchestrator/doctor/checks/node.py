@@ -5,24 +5,22 @@ from __future__ import annotations
 from typing import Any
 
 from orchestrator.doctor.checks.base import fail, info, listing, ok, torch_of, warn
-from orchestrator.doctor.model import Finding, Observations
+from orchestrator.doctor.model import DoctorContext, Finding, Observations
 from orchestrator.remote.wire import HostFacts
 
 PYTHON = "python"
 GPU = "gpu"
 
 
-def python_findings(name: str, hf: HostFacts) -> list[Finding]:
+def python_findings(name: str, hf: HostFacts, ctx: DoctorContext) -> list[Finding]:
     py: dict[str, Any] = hf.get("python") or {}
     wanted = py.get("requested", "python3")
     if hf.errors.get("python"):
         return [fail(PYTHON, name, "could not inspect the interpreter", hf.errors["python"])]
     if not py.get("found"):
-        return [fail(PYTHON, name, f"interpreter {wanted} not found in the non-interactive SSH "
-                     "session (the context the launch uses)",
-                     f"PATH={py.get('path_env', '')}",
-                     f"install it on {name}, or set python = \"/absolute/path/to/python\" for "
-                     f"{name} in the inventory")]
+        return [fail(PYTHON, name, f"interpreter {wanted} not found in the {ctx.session} (the context "
+                     "the launch uses)", f"PATH={py.get('path_env', '')}",
+                     f"install it on {name}, or set {ctx.python_key.format(host=name)}")]
     if hf.errors.get("torch"):
         return [fail(PYTHON, name, f"running {wanted} to import torch failed",
                      hf.errors["torch"], f"run `{wanted} -c 'import torch'` on {name}")]
@@ -31,7 +29,7 @@ def python_findings(name: str, hf: HostFacts) -> list[Finding]:
         return [fail(PYTHON, name, f"torch is not importable by {py.get('found')}",
                      str(t.get("error", "")),
                      f"on {name}: {py.get('found')} -m pip install torch (the version the other "
-                     "hosts have), or point python in the inventory at an interpreter with torch")]
+                     f"hosts have), or set {ctx.python_key.format(host=name)} (an interpreter with torch)")]
     return [ok(PYTHON, name, f"python {t.get('python')}, torch {t.get('version')}, "
                f"CUDA {t.get('cuda') or '-'}, NCCL {t.get('nccl') or '-'}",
                f"interpreter {py.get('found')}")]
@@ -73,7 +71,7 @@ def gpu_findings(name: str, hf: HostFacts, wants_gpu: bool) -> list[Finding]:
 def check_python(obs: Observations) -> list[Finding]:
     out: list[Finding] = []
     for name, hf in obs.facts.items():
-        out += python_findings(name, hf)
+        out += python_findings(name, hf, obs.ctx)
     return out
 
 

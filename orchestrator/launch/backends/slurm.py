@@ -12,9 +12,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from inventory import LOCALHOST, Host, Inventory, Job
-from inventory.slurm import SlurmSpec
-from orchestrator.doctor.model import ProbeResults
+from inventory import Job
+from inventory.slurm import DEFAULT_BASE_PORT, SlurmSpec, node_hosts, nproc_for
+from orchestrator.doctor.model import CheckStatus, ProbeResults
+from orchestrator.doctor.slurm import controller_findings
 from orchestrator.errors import HostError
 from orchestrator.hostops.stacks import StacksReport
 from orchestrator.launch.backends.base import DetachReport, Emit, Notice, Resolved, supervise_request
@@ -32,6 +33,7 @@ from orchestrator.launch.events import (
 from orchestrator.launch.events import Notice as NoticeEvent
 from orchestrator.launch.options import LaunchOptions
 from orchestrator.launch.plan import LaunchPlan, mask_env
+from orchestrator.launch.preflight import ChecksFailed
 from orchestrator.remote.agent import (
     BOOTSTRAP,
     AgentEvent,
@@ -42,48 +44,15 @@ from orchestrator.remote.agent import (
     start_agent,
 )
 from orchestrator.remote.pool import HostPool
-from orchestrator.remote.slurm import QueuedJob, SlurmClient
+from orchestrator.remote.slurm import QueuedJob, slurm_client
 from orchestrator.remote.transport import OutputLine
 from orchestrator.remote.wire import parse_rank_phase, parse_supervise
 
 POLL_S = 1.0  # squeue, while the job runs
 WIND_DOWN_S = 120.0  # after the last node ended, how long to wait for Slurm to end the job
-DEFAULT_BASE_PORT = 29500
 NODE_FILE = re.compile(r"^r(?P<run>\d+)-node(?P<node>\d+)\.out$")
 REQUEUE_FILE = re.compile(r"^requeue-(?P<run>\d+)$")
 FOLLOW_PATTERN = r"^(r\d+-node\d+|batch)\.out$"
-
-
-def login_host(login: str | None, inventory: Inventory) -> Host:
-    """Where Slurm's commands run: the login node (an inventory host, or an SSH destination
-    `[user@]host` that ssh_config may alias), else this machine."""
-    if login is None:
-        return LOCALHOST
-    known = inventory.get(login)
-    if known is not None:
-        return known
-    user, _, host = login.rpartition("@")
-    return Host(name=login, address=host, user=user or None)
-
-
-def slurm_client(pool: HostPool, login: str | None, inventory: Inventory) -> SlurmClient:
-    return SlurmClient(pool.transport(login_host(login, inventory)), login)
-
-
-def node_hosts(job: Job, spec: SlurmSpec) -> tuple[Host, ...]:
-    """The plan's nodes: node0..node<N-1> in Slurm's task order; their names come at run time."""
-    workdir = spec.workdir or str(job.base_dir)
-    return tuple(Host(name=f"node{i}", address=f"node{i}", python=spec.python, workdir=workdir)
-                 for i in range(spec.nodes))
-
-
-def nproc_for(job: Job, spec: SlurmSpec) -> int:
-    n = job.nproc_per_node
-    if isinstance(n, int):
-        return n
-    if n == "cpu":
-        return spec.cpus_per_task or 1
-    return spec.gpus_per_node or 1  # "gpu" (the loader insists on gpus_per_node) and "auto"
 
 
 def exit_code_of(show: dict[str, str]) -> int:
@@ -131,7 +100,6 @@ class SlurmBackend:
         self.client = slurm_client(pool, self.spec.login, job.inventory)
         self.submitted: Submission | None = None
         self.lock = threading.Lock()
-        self.cancel_word: str | None = None  # stop() before the job id was known: cancel on submit
         self.closed = threading.Event()
         self.gone = threading.Event()  # the job has left Slurm's running states (or never started)
         self.follower: AgentStream | None = None
@@ -145,6 +113,14 @@ class SlurmBackend:
         hosts = node_hosts(job, self.spec)
         port = job.rendezvous.master_port
         nproc = nproc_for(job, self.spec)
+        if settle and options.checks:  # doctor's controller checks: the client answers, the request fits
+            findings = controller_findings(self.client, self.spec)
+            if any(f.status is CheckStatus.FAIL for f in findings):
+                raise ChecksFailed(findings)
+            for f in findings:
+                if f.status is CheckStatus.WARN:
+                    fix = f" (fix: {f.fix})" if f.fix else ""
+                    notice(f"warning [{f.check}] {f.host or 'slurm'}: {f.message}{fix}")
         return Resolved({h.name: nproc for h in hosts}, port if isinstance(port, int) else DEFAULT_BASE_PORT,
                         hosts)
 
@@ -179,30 +155,26 @@ class SlurmBackend:
 
     # -- running ----------------------------------------------------------------------------
     def start(self, plan: LaunchPlan, options: LaunchOptions, emit: Emit) -> None:
-        threading.Thread(target=self._run, args=(plan, options, emit), daemon=True).start()
-
-    def _run(self, plan: LaunchPlan, options: LaunchOptions, emit: Emit) -> None:
-        first = plan.hosts[0].host.name
+        """Submit (a refusal raises HostError: nothing was started), then follow in the background."""
         try:
             sub = self.submit(plan, options)
-        except HostError as exc:
+        except BaseException:
             self.gone.set()
-            for hl in plan.hosts:
-                emit(Lost(hl.host.name, exc.message + (f" (fix: {exc.fix})" if exc.fix else "")))
-            return
+            raise
         with self.lock:
             self.submitted = sub
-            word = self.cancel_word
-        emit(NoticeEvent(first, f"submitted Slurm job {sub.slurm_id} on {self.client.where}; its files: {sub.state}"))
-        if word is not None:
-            self.client.cancel(sub.slurm_id, word)
+        emit(NoticeEvent(plan.hosts[0].host.name,
+                         f"submitted Slurm job {sub.slurm_id} on {self.client.where}; its files: {sub.state}"))
+        threading.Thread(target=self._run, args=(sub, emit), daemon=True).start()
+
+    def _run(self, sub: Submission, emit: Emit) -> None:
         try:
             self.follower = start_agent(self.client.transport, "follow",
                                         {"dir": sub.state, "pattern": FOLLOW_PATTERN, "poll": 0.2})
         except HostError as exc:
             self.client.cancel(sub.slurm_id)
             self.gone.set()
-            for hl in plan.hosts:
+            for hl in sub.plan.hosts:
                 emit(Lost(hl.host.name, f"cannot follow the job's output: {exc.message}"))
             return
         reader = threading.Thread(target=self._follow, args=(sub, self.follower, emit), daemon=True)
@@ -312,13 +284,10 @@ class SlurmBackend:
     def stop(self, hosts: Sequence[str], force: bool) -> None:
         """Slurm stops a job as a whole: scancel (SIGTERM to every node, SIGKILL after KillWait);
         force sends SIGKILL now."""
-        word = "KILL" if force else "TERM"
         with self.lock:
             sub = self.submitted
-            if sub is None:
-                self.cancel_word = word
-                return
-        self.client.cancel(sub.slurm_id, word if force else None)
+        if sub is not None:
+            self.client.cancel(sub.slurm_id, "KILL" if force else None)
 
     def drop(self, host: str) -> None:
         return None  # the scheduler owns the nodes: a lost one ends with the job (scancel)

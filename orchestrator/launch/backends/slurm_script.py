@@ -30,13 +30,19 @@ def sbatch_argv(state: str, workdir: str) -> list[str]:
             f"{state}/job.sbatch"]
 
 
+def resource_options(spec: SlurmSpec) -> list[str]:
+    """Where the job may run and what each node gets (the launch's and doctor's allocations):
+    never --gpus-per-task, which hides a node's GPUs from each other."""
+    named = (("partition", spec.partition), ("account", spec.account), ("qos", spec.qos),
+             ("gpus-per-node", spec.gpus_per_node), ("cpus-per-task", spec.cpus_per_task), ("mem", spec.mem),
+             ("constraint", spec.constraint))
+    return [f"--{name}={value}" for name, value in named if value is not None]
+
+
 def sbatch_options(plan: LaunchPlan, spec: SlurmSpec) -> list[str]:
     opts = [f"--job-name={plan.job_id}", f"--comment={JOB_COMMENT}", f"--nodes={spec.nodes}",
-            "--ntasks-per-node=1"]
-    named = (("partition", spec.partition), ("account", spec.account), ("qos", spec.qos),
-             ("time", spec.time), ("gpus-per-node", spec.gpus_per_node),
-             ("cpus-per-task", spec.cpus_per_task), ("mem", spec.mem), ("constraint", spec.constraint))
-    opts += [f"--{name}={value}" for name, value in named if value is not None]
+            "--ntasks-per-node=1", *resource_options(spec)]
+    opts += [f"--time={spec.time}"] if spec.time is not None else []
     if spec.requeue:
         opts += ["--requeue", f"--signal=B:{spec.signal}"]
     else:
