@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 REGISTRY = Path("/run/ddpctl-cluster")  # one JSON record per live cluster, for stale reaping
 NETWORK = ipaddress.ip_network("198.18.0.0/15")
@@ -196,18 +197,23 @@ def registry_lock() -> Iterator[None]:
         yield
 
 
-def reap_stale_clusters() -> list[str]:
-    """Tear down clusters whose owning process died without cleaning up; return their prefixes."""
+def reap_stale_clusters(registry: Path = REGISTRY,
+                        also: Callable[[dict[str, Any]], None] | None = None) -> list[str]:
+    """Tear down clusters whose owning process died without cleaning up; return their prefixes.
+    Their daemons live in their namespaces, so killing the namespaces' processes stops them all;
+    `also` cleans up what else a kind of cluster leaves (a Slurm cluster's cgroups)."""
     reaped = []
-    for record_file in REGISTRY.glob("*.json"):
+    for record_file in registry.glob("*.json"):
         try:
             record = json.loads(record_file.read_text())
         except (OSError, ValueError):
             continue
         if start_time(record["owner"]) == record["owner_start"]:
             continue
-        kill_netns(record["netns"])  # its sshds included: they live in the namespaces
+        kill_netns(record["netns"])
         remove_network(record["bridge"], record["veths"], record["netns"])
+        if also is not None:
+            also(record)
         record_file.unlink(missing_ok=True)
         reaped.append(record["prefix"])
     return reaped

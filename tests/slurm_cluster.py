@@ -506,25 +506,9 @@ def _teardown_live() -> None:
 
 
 def reap_stale_slurm_clusters() -> list[str]:
-    """Tear down Slurm clusters whose owning process died without cleaning up; return prefixes.
-
-    Every daemon lives in one of the cluster's namespaces (munged too: its socket is a path,
-    which network namespaces do not separate), so killing the namespaces' processes stops all.
-    """
-    reaped = []
-    for record_file in SLURM_REGISTRY.glob("*.json"):
-        try:
-            record = json.loads(record_file.read_text())
-        except (OSError, ValueError):
-            continue
-        if start_time(record["owner"]) == record["owner_start"]:
-            continue
-        kill_netns(record["netns"])
-        remove_network(record["bridge"], record["veths"], record["netns"])
-        _remove_cgroups(record["nodes"])
-        record_file.unlink(missing_ok=True)
-        reaped.append(record["prefix"])
-    return reaped
+    """Tear down Slurm clusters whose owning process died without cleaning up (munged too lives
+    in a namespace: its socket is a path, which network namespaces do not separate)."""
+    return reap_stale_clusters(SLURM_REGISTRY, lambda record: _remove_cgroups(record["nodes"]))
 
 
 def _register(cluster: SlurmCluster) -> None:
