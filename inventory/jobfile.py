@@ -287,10 +287,12 @@ def apply_overrides(job: Job, overrides: JobOverrides) -> Job:
     spec = _Spec(job.nproc_per_node, job.rendezvous.master_addr, job.rendezvous.master_port,
                  job.rendezvous.backend, dict(job.env), job.hosts)
     spec = _apply_overrides(spec, overrides, job.inventory)
-    _check_master(_JobReporter(job.source), spec, job.inventory)
+    slurm = {"ssh": None, "slurm": job.slurm or SlurmSpec(), None: job.slurm}[overrides.backend]
+    if slurm is None:
+        _check_master(_JobReporter(job.source), spec, job.inventory)
     return replace(job, hosts=spec.hosts, nproc_per_node=spec.nproc, env=MappingProxyType(dict(spec.env)),
                    rendezvous=Rendezvous(spec.master_addr, spec.master_port, spec.backend,
-                                         job.rendezvous.join_timeout))
+                                         job.rendezvous.join_timeout), slurm=slurm)
 
 
 @dataclass(frozen=True)

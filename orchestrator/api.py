@@ -13,10 +13,12 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Literal
 
 from inventory import ConfigError, Job, JobOverrides, NprocSpec, apply_overrides, load_job
 from orchestrator.launch import core
-from orchestrator.launch.backends.ssh import SshBackend
+from orchestrator.launch.backends.base import Backend
+from orchestrator.launch.backends.choose import backend_for
 from orchestrator.launch.observer import Observer, Plain
 from orchestrator.launch.options import LaunchOptions, OnHang
 from orchestrator.launch.plan import LaunchPlan
@@ -27,30 +29,34 @@ JobSpec = Job | str | Path
 
 
 def load(job: JobSpec, *, nproc_per_node: NprocSpec | None = None, master_port: int | str | None = None,
-         env: Mapping[str, str] | None = None, hosts: Sequence[str] | None = None) -> Job:
+         env: Mapping[str, str] | None = None, hosts: Sequence[str] | None = None,
+         backend: Literal["ssh", "slurm"] | None = None) -> Job:
     """The job (a job.toml path or a Job) with the overrides applied and validated, as the CLI's
-    --nproc-per-node / --master-port / -e / --hosts would."""
+    --nproc-per-node / --master-port / -e / --hosts / --backend would."""
     if master_port is not None and master_port != "auto" and not isinstance(master_port, int):
         raise ConfigError(f"master_port must be a port number or \"auto\", got {master_port!r}",
                           key="master_port", hint="e.g. master_port=29521")
     overrides = JobOverrides(nproc_per_node=nproc_per_node, master_port=master_port,  # type: ignore[arg-type]
-                             env=tuple((env or {}).items()), hosts=tuple(hosts) if hosts is not None else None)
+                             env=tuple((env or {}).items()), hosts=tuple(hosts) if hosts is not None else None,
+                             backend=backend)
     if isinstance(job, Job):
         return apply_overrides(job, overrides)
     return load_job(Path(job), overrides)
 
 
 @contextmanager
-def _backend(ssh_config: str | Path | None, known_hosts: Sequence[str | Path], accept_new_host_keys: bool,
-             parallel: int, connect_timeout: float) -> Iterator[SshBackend]:
+def _backend(job: Job, ssh_config: str | Path | None, known_hosts: Sequence[str | Path],
+             accept_new_host_keys: bool, parallel: int, connect_timeout: float) -> Iterator[Backend]:
+    """The job's backend (SSH, or Slurm for a job with [slurm]) over one connection pool."""
     with make_pool(Path(ssh_config) if ssh_config is not None else None, [Path(p) for p in known_hosts],
                    accept_new_host_keys, parallel, connect_timeout) as pool:
-        yield SshBackend(pool)
+        yield backend_for(pool, job)
 
 
 def up(job: JobSpec, *, nproc_per_node: NprocSpec | None = None, master_port: int | str | None = None,
        env: Mapping[str, str] | None = None, hosts: Sequence[str] | None = None,
-       observer: Observer | None = None, runs_dir: str | Path = "runs", grace: float = 10.0,
+       backend: Literal["ssh", "slurm"] | None = None, observer: Observer | None = None,
+       runs_dir: str | Path = "runs", grace: float = 10.0,
        hang_timeout: float | None = None, on_hang: OnHang = "report", free_port: bool = False,
        nccl_debug: bool = False, checks: bool = True, join_timeout: float | None = None,
        ssh_config: str | Path | None = None, known_hosts: Sequence[str | Path] = (),
@@ -61,11 +67,12 @@ def up(job: JobSpec, *, nproc_per_node: NprocSpec | None = None, master_port: in
     Output goes to `observer` (default: printed as `[host:rank] line`); `launch.observer.Collected`
     keeps it instead. A pre-launch check that fails raises `launch.preflight.ChecksFailed` with
     doctor's findings (`checks=False` skips them); `join_timeout` overrides the job file's."""
-    spec = load(job, nproc_per_node=nproc_per_node, master_port=master_port, env=env, hosts=hosts)
+    spec = load(job, nproc_per_node=nproc_per_node, master_port=master_port, env=env, hosts=hosts,
+                backend=backend)
     options = LaunchOptions(grace=grace, hang_timeout=hang_timeout, on_hang=on_hang, nccl_debug=nccl_debug,
                             free_port=free_port, runs_dir=Path(runs_dir), checks=checks, join_timeout=join_timeout)
-    with _backend(ssh_config, known_hosts, accept_new_host_keys, parallel, connect_timeout) as backend:
-        return core.launch(spec, backend, observer or Plain(), options)
+    with _backend(spec, ssh_config, known_hosts, accept_new_host_keys, parallel, connect_timeout) as runner:
+        return core.launch(spec, runner, observer or Plain(), options)
 
 
 def plan(job: JobSpec, *, nproc_per_node: NprocSpec | None = None, master_port: int | str | None = None,
@@ -74,7 +81,8 @@ def plan(job: JobSpec, *, nproc_per_node: NprocSpec | None = None, master_port: 
          accept_new_host_keys: bool = False, parallel: int = DEFAULT_PARALLEL,
          connect_timeout: float = 10.0) -> LaunchPlan:
     """What `up` would run on each host (the dry run): argv, env, workdir, node rank. Contacts the
-    hosts only when the job needs them (nproc "gpu"/"cpu"/"auto", master_port "auto")."""
+    hosts only when the job needs them (nproc "gpu"/"cpu"/"auto", master_port "auto"). A Slurm
+    job's plan has nodes node0.. in Slurm's task order."""
     spec = load(job, nproc_per_node=nproc_per_node, master_port=master_port, env=env, hosts=hosts)
-    with _backend(ssh_config, known_hosts, accept_new_host_keys, parallel, connect_timeout) as backend:
+    with _backend(spec, ssh_config, known_hosts, accept_new_host_keys, parallel, connect_timeout) as backend:
         return core.plan_job(spec, backend)

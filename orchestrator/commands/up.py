@@ -13,7 +13,7 @@ from rich.live import Live
 from rich.markup import escape
 from rich.text import Text
 
-from inventory import ConfigError, Job, JobOverrides, NprocSpec, load_job, parse_env_assignment
+from inventory import ConfigError, JobOverrides, NprocSpec, load_job, parse_env_assignment
 from orchestrator.commands.common import (
     AcceptNewOpt,
     BackendChoice,
@@ -29,14 +29,14 @@ from orchestrator.commands.common import (
 from orchestrator.doctor.model import CheckStatus
 from orchestrator.doctor.render import finding_text, grouped
 from orchestrator.launch import core
+from orchestrator.launch.backends.choose import backend_for
 from orchestrator.launch.backends.slurm import SlurmBackend
-from orchestrator.launch.backends.ssh import SshBackend
 from orchestrator.launch.observer import plan_summary
 from orchestrator.launch.options import LaunchOptions, OnHang
 from orchestrator.launch.plan import LaunchPlan, mask_env
 from orchestrator.launch.preflight import LAUNCH_CHECKS, ChecksFailed
 from orchestrator.launch.result import HostRun, HostState, RunResult
-from orchestrator.remote.pool import HostPool, make_pool
+from orchestrator.remote.pool import make_pool
 
 HOST_COLOURS = ["cyan", "magenta", "green", "yellow", "blue", "bright_red", "bright_cyan",
                 "bright_magenta", "bright_green", "bright_yellow"]
@@ -72,10 +72,6 @@ class OnHangChoice(str, enum.Enum):
 
     def as_literal(self) -> OnHang:
         return "stop" if self is OnHangChoice.stop else "report"
-
-
-def make_backend(pool: HostPool, job: Job) -> SshBackend | SlurmBackend:
-    return SlurmBackend(pool, job) if job.slurm is not None else SshBackend(pool)
 
 
 class Printer:
@@ -272,7 +268,7 @@ def up_command(
                             dump_on_interrupt=dump_on_interrupt, nccl_debug=nccl_debug, free_port=free_port,
                             runs_dir=runs_dir, checks=not no_checks, join_timeout=join_timeout)
     with make_pool(ssh_config, known_hosts, accept_new_host_keys, parallel, connect_timeout) as pool:
-        runner = make_backend(pool, job)
+        runner = backend_for(pool, job)
         try:
             if dry_run:
                 plan = core.plan_job(job, runner, options)

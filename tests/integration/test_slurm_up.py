@@ -16,6 +16,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.ddpctl_run import ddpctl_argv, wait_for
 from tests.slurm_cluster import SlurmCluster
 
@@ -332,3 +334,25 @@ def test_requeue_before_the_time_limit_resumes_from_the_checkpoint(slurm_cluster
     assert re.search(r"final acc=\S+ loss=\S+ epochs=6", text), text[-2000:]
     assert summary(tmp_path)["exit_code"] == 0
     assert active_jobs(slurm_cluster) == []
+
+
+def test_the_python_api_runs_a_slurm_job_and_backend_ssh_runs_it_here(
+        slurm_cluster: SlurmCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from orchestrator import up
+    from orchestrator.launch.observer import Collected
+
+    monkeypatch.setenv("SLURM_CONF", slurm_cluster.client_env["SLURM_CONF"])
+    job = slurm_job(tmp_path, "api", SHOW, ["x"], nproc=1)
+    seen = Collected()
+    result = up(job, observer=seen, runs_dir=tmp_path / "runs")
+    assert result.ok, seen.notices
+    assert sorted(text.split()[0] for _, _, text in seen.lines if text.startswith("rank=")) == ["rank=0", "rank=1"]
+    assert any(n.startswith("submitted Slurm job") for n in seen.notices)
+    assert {h.host for h in result.hosts} == {"node0", "node1"}
+    # the same job file over SSH: this machine (the embedded localhost inventory), no Slurm at all
+    here = Collected()
+    local = up(job, backend="ssh", observer=here, runs_dir=tmp_path / "runs-ssh",
+               env={"GLOO_SOCKET_IFNAME": "lo"})
+    assert local.ok, here.notices
+    assert [h.host for h in local.hosts] == ["localhost"]
+    assert not any("Slurm" in n for n in here.notices)
