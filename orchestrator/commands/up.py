@@ -189,7 +189,9 @@ def print_failure(result: RunResult) -> None:
     if root is not None:
         err, rank = root.error, result.rank_of(root)
         who = f"rank {rank}" if rank is not None else "a rank"
-        err_console.print(Text(f"\nfirst failure: {who} on {root.host} (node_rank {root.node_rank}, "
+        named = next((r.hostname for r in result.hosts if r.host == root.host), None)
+        where = f"{root.host} = {named}" if named and named != root.host else root.host
+        err_console.print(Text(f"\nfirst failure: {who} on {where} (node_rank {root.node_rank}, "
                                f"local rank {err.local_rank}): {err.summary}", style="bold red"))
         for line in err.traceback.rstrip().splitlines()[-15:]:
             err_console.print(f"    {line}", markup=False)

@@ -13,6 +13,7 @@ class Started:
 
     host: str
     log: str | None = None  # where the node keeps its own copy of the output
+    hostname: str | None = None  # the machine's own name (a Slurm node's, where ranks run)
 
 
 @dataclass(frozen=True)

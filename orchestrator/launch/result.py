@@ -35,6 +35,7 @@ class HostRun:
     stop_reason: str | None = None
     first_error: RankError | None = None  # the earliest rank error file on this host
     remote_log: str | None = None
+    hostname: str | None = None  # the machine's own name, as its supervisor reported it (Slurm: the node)
     nccl: NcclChoice | None = None  # what NCCL chose, with --nccl-debug
     tail: list[str] = field(default_factory=list)
 

@@ -115,6 +115,7 @@ class Supervision:
             self._output(run, event.text)
         elif isinstance(event, Started):
             run.state, run.started_at, run.remote_log = HostState.RUNNING, time.time(), event.log
+            run.hostname = event.hostname or run.hostname
             self.cb.on_state(run)
             if self.rendezvous is not None:
                 self.rendezvous.started(event.host)

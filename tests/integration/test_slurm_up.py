@@ -169,9 +169,12 @@ def test_a_failing_rank_ends_the_job_on_every_node_and_is_named(slurm_cluster: S
     job = slurm_job(tmp_path, "fail", FAIL)
     proc = ddpctl(slurm_cluster, "up", str(job), cwd=tmp_path)
     assert proc.returncode == 1, proc.stderr[-3000:]
-    assert "first failure: rank 3 on node1" in proc.stderr
+    assert f"first failure: rank 3 on node1 = {slurm_cluster.nodes[1]}" in proc.stderr
     assert "ValueError: rank 3 cannot go on" in proc.stderr
-    root = summary(tmp_path)["root_cause"]
+    data = summary(tmp_path)
+    assert {h["host"]: h["hostname"] for h in data["hosts"]} == {"node0": slurm_cluster.nodes[0],
+                                                                 "node1": slurm_cluster.nodes[1]}
+    root = data["root_cause"]
     assert root["host"] == "node1" and root["error"]["rank"] == 3 and root["error"]["kind"] == "ValueError"
     assert job_processes(slurm_cluster) == {}  # rank 0-2 slept for 300 s: --kill-on-bad-exit ended them
     assert active_jobs(slurm_cluster) == []

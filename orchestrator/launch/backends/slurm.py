@@ -223,7 +223,7 @@ class SlurmBackend:
                 self.node_names[host] = str(message.get("hostname"))
                 emit(NoticeEvent(host, f"{host} is {message.get('hostname')} (Slurm job {sub.slurm_id}"
                                        + (f", run {run} after requeue)" if run else ")")))
-            emit(Started(host, message.get("log")))
+            emit(Started(host, message.get("log"), message.get("hostname")))
         elif message.name == "error":
             emit(Problem(host, str(message.get("message"))))
         elif message.name == "rank":

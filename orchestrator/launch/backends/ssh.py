@@ -91,7 +91,7 @@ class SshBackend:
     @staticmethod
     def _event(name: str, event: AgentEvent) -> Started | Problem | Alive | Milestone:
         if event.name == "started":
-            return Started(name, event.get("log"))
+            return Started(name, event.get("log"), event.get("hostname"))
         if event.name == "error":
             return Problem(name, str(event.get("message")))
         if event.name == "rank":
