@@ -2,7 +2,8 @@
 through files in a shared directory (a Slurm task has no control channel to the orchestrator).
 
 Every task listens on an ephemeral port (task 0 also on a port of the launch's rendezvous range:
-base + SLURM_JOB_ID % spread, then the next free one) and writes listen-<rank>.json. Once all
+base + SLURM_JOB_ID % spread, then the next free one; or, inside a running job, request["master"]
+names the job's own store, which every task dials) and writes listen-<rank>.json. Once all
 have, it dials every other task's listeners by hostname, as torchrun's c10d store and Gloo do,
 writes done-<rank>, gathers the facts op's facts with task 0's hostname as the master address,
 and keeps accepting until every task is done. Each wait is bounded by request["wait"]; a task
@@ -90,17 +91,28 @@ def dial(peers: Dict[int, Dict[str, Any]], rank: int, timeout: float) -> List[Di
         return list(pool.map(one, targets))
 
 
+def dial_master(master: str, peers: Dict[int, Dict[str, Any]], timeout: float) -> Dict[str, Any]:
+    """Connect to a running job's rendezvous store (its master port, held by the job itself)."""
+    host, _, port = master.rpartition(":")
+    owner = next((r for r, p in sorted(peers.items()) if p.get("hostname") == host), 0)
+    result = connect_one(master, timeout)
+    result.update(rank=owner, hostname=host, purpose="master_port", port=int(port))
+    return result
+
+
 def check(request: Dict[str, Any], control: BinaryIO) -> Dict[str, Any]:
     """The op: listen, meet the other tasks, dial them, gather facts, wait for all to finish."""
     started = time.monotonic()
     rank = _env_int(request, "rank_env", "SLURM_PROCID", 0)
     world = _env_int(request, "world_env", "SLURM_NTASKS", 1)
     shared = Path(str(request["dir"]))
+    shared.mkdir(parents=True, exist_ok=True)
     wait = float(request.get("wait") or DEFAULT_WAIT_S)
     hostname = socket.gethostname()
     sockets, ports = open_listeners([0])
     listeners = [{"purpose": "ephemeral", "port": ports[0]["port"], "error": ports[0]["error"]}]
-    if rank == 0:
+    master = request.get("master")  # "host:port" of a running job's store: dialed, not listened on
+    if rank == 0 and not master:
         rdzv, entry = rendezvous_listener(int(request.get("rdzv_base") or 29500),
                                           _env_int(request, "job_env", "SLURM_JOB_ID", 0),
                                           int(request.get("rdzv_spread") or 1000),
@@ -116,10 +128,13 @@ def check(request: Dict[str, Any], control: BinaryIO) -> Dict[str, Any]:
                           {"rank": rank, "hostname": hostname, "listeners": listeners})
         peers = wait_for({r: shared / ("listen-%d.json" % r) for r in range(world)},
                          time.monotonic() + wait)
-        results = dial(peers, rank, float(request.get("connect_timeout") or DEFAULT_CONNECT_TIMEOUT_S))
+        timeout = float(request.get("connect_timeout") or DEFAULT_CONNECT_TIMEOUT_S)
+        results = dial(peers, rank, timeout)
+        if master:
+            results.append(dial_master(str(master), peers, timeout))
         write_json_atomic(shared / ("done-%d.json" % rank), {"rank": rank})
         head = peers.get(0, {}).get("hostname")
-        reply = collect(dict(request, master_addr=head), started)
+        reply = collect(dict(request, master_addr=head), started) if request.get("facts", True) else {}
         done = wait_for({r: shared / ("done-%d.json" % r) for r in peers}, time.monotonic() + wait)
     finally:
         stop.set()

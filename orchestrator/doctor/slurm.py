@@ -53,6 +53,7 @@ JOB_NAME = "ddpctl-doctor"
 POLL_S = 0.5  # squeue while the node-check job is queued or runs
 BARRIER_S = 30.0  # how long a node waits for the others' files on the shared filesystem
 CANCEL_WAIT_S = 30.0
+REPROBE_TIMEOUT_S = 60.0  # the watchdog's probe inside a running job, all nodes together
 TOO_FEW = "fewer than two nodes answered"
 
 
@@ -240,6 +241,38 @@ def run_allocation(client: SlurmClient, spec: SlurmSpec, request: Mapping[str, A
         if run.state:
             client.run(["rm", "-rf", "--", run.state], check=False)
     return run
+
+
+def reprobe_job(client: SlurmClient, spec: SlurmSpec, slurm_id: str, state: str, endpoint: str,
+                nodes: Sequence[str], timeout_s: float = REPROBE_TIMEOUT_S) -> ProbeResults:
+    """doctor's TCP probe inside a running job's allocation (`srun --overlap`): every node dials the
+    job's rendezvous endpoint, held by its store, and every other node. `nodes`: names in task order."""
+    probe = f"{state}/reprobe-{secrets.token_hex(3)}"
+    replies: dict[str, Mapping[str, Any]] = {}
+    errors: dict[str, str] = {}
+    try:
+        client.write(f"{probe}/node.in", request_bytes("slurm_check", {
+            "dir": probe, "master": endpoint, "facts": False, "wait": BARRIER_S / 2}))
+        client.write(f"{probe}/node.sh", node_script(spec).encode(), 0o700)
+        ran = client.run(["srun", "--overlap", f"--jobid={slurm_id}", f"--nodes={len(nodes)}", "--ntasks-per-node=1",
+                          f"--input={probe}/node.in", f"--output={probe}/node-%t.out", "bash", f"{probe}/node.sh"],
+                         timeout=timeout_s, check=False)
+        for rank, name in enumerate(nodes):
+            text = client.read(f"{probe}/node-{rank}.out")
+            try:
+                if text is None:
+                    raise HostError(name, HostErrorKind.AGENT, "srun ran no probe there: "
+                                    + (ran.stderr.strip().splitlines() or ["(no output)"])[-1], "")
+                replies[name] = task_reply(name, rank, text)
+            except HostError as err:
+                errors[name] = err.message
+    except HostError as err:
+        errors.update({name: err.message for name in nodes})
+    finally:
+        client.run(["rm", "-rf", "--", probe], check=False)
+    out = probe_results(list(nodes), replies)
+    out.errors.update(errors)
+    return out
 
 
 # -- the node checks: doctor's own, over the nodes' replies ------------------------------------

@@ -91,7 +91,8 @@ class RendezvousWatch:
         """The cause, in doctor's words where the re-probe found one, then what the hosts that never
         joined last printed."""
         plan = self.plan
-        where = f"{plan.master_addr}:{plan.master_port}"
+        where = next((f"{o.address}:{o.port}" for o in probes.outcomes if o.purpose == "master_port"),
+                     f"{plan.master_addr}:{plan.master_port}")  # a Slurm job's is only known on its nodes
         stage = (f"torchrun's rendezvous at {where}" if self.between_nodes
                  else "init_process_group (the process group's rendezvous between the ranks)")
         waiting = self.waiting()

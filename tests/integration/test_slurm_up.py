@@ -359,3 +359,28 @@ def test_the_python_api_runs_a_slurm_job_and_backend_ssh_runs_it_here(
     assert local.ok, here.notices
     assert [h.host for h in local.hosts] == ["localhost"]
     assert not any("Slurm" in n for n in here.notices)
+
+
+def test_a_firewalled_rendezvous_is_diagnosed_by_a_probe_inside_the_allocation(slurm_cluster: SlurmCluster,
+                                                                               tmp_path: Path) -> None:
+    """The head node drops the rendezvous port range from outside: node1's torchrun never joins.
+    The watchdog fires, doctor's probe runs in the job's own allocation (srun --overlap), dials the
+    job's store and names the block; the job is cancelled."""
+    c = slurm_cluster
+    rule = ["INPUT", "-i", "eth0", "-p", "tcp", "--dport", "29500:30700", "-j", "DROP"]
+    head = f"--net=/run/netns/{c.node_netns(0)}"
+    subprocess.run(["nsenter", head, "iptables", "-I", *rule], check=True, timeout=30)
+    try:
+        job = slurm_job(tmp_path, "walled", SHOW)
+        proc = ddpctl(c, "up", str(job), "--join-timeout", "8", cwd=tmp_path, timeout=240)
+    finally:
+        subprocess.run(["nsenter", head, "iptables", "-D", *rule], check=True, timeout=30)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    cause = summary(tmp_path)["cause"]
+    assert cause is not None and "did not all join within 8s" in cause, cause
+    assert "could not re-probe" not in cause, cause
+    m = re.search(rf"node1 -> node0 {c.nodes[0]}:(\d+): timeout", cause)
+    assert m is not None and f"TCP on the master port {m.group(1)} is blocked" in cause, cause
+    assert f"torchrun's rendezvous at {c.nodes[0]}:{m.group(1)} never completed" in cause, cause
+    assert active_jobs(c) == []
+    assert job_processes(c) == {} or all(n == "slurmstepd" for ns in job_processes(c).values() for n in ns)

@@ -456,3 +456,31 @@ def test_a_task_whose_peer_never_comes_reports_it_missing_within_the_wait(tmp_pa
     reply = json.loads(out.split(RESULT_PREFIX, 1)[1])
     assert reply["probe"]["missing"] == [0] and reply["probe"]["results"] == []
     assert reply["probe"]["head"] is None and "hostname_resolution" in reply["facts"]
+
+
+def test_inside_a_running_job_every_task_dials_the_jobs_own_store(tmp_path: Path) -> None:
+    """The watchdog's re-probe: `master` names the job's store (here a listener of this test, then a
+    closed port); the tasks dial it and each other, listen on nothing in the rendezvous range and
+    gather no facts."""
+    import socket
+
+    store = socket.socket()
+    store.bind(("127.0.0.1", 0))
+    store.listen(8)
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    dead_port = closed.getsockname()[1]
+    closed.close()
+    for endpoint, reachable in ((f"127.0.0.1:{store.getsockname()[1]}", True), (f"127.0.0.1:{dead_port}", False)):
+        request = {"op": "slurm_check", "dir": str(tmp_path / str(reachable)), "wait": 5, "facts": False,
+                   "master": endpoint, "connect_timeout": 2}
+        env = {**os.environ, "SLURM_PROCID": "0", "SLURM_NTASKS": "1"}
+        out = subprocess.run([sys.executable, "-m", "node_agent"], cwd=ROOT, env=env, text=True,
+                             capture_output=True, input=json.dumps(request) + "\n", timeout=30).stdout
+        reply = json.loads(out.split(RESULT_PREFIX, 1)[1])
+        (dialed,) = reply["probe"]["results"]
+        assert (dialed["purpose"], dialed["port"], dialed["ok"]) == ("master_port", int(endpoint.split(":")[1]),
+                                                                     reachable)
+        assert [x["purpose"] for x in reply["probe"]["listeners"]] == ["ephemeral"]
+        assert "facts" not in reply
+    store.close()

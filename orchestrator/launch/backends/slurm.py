@@ -15,7 +15,7 @@ from pathlib import Path
 from inventory import Job
 from inventory.slurm import DEFAULT_BASE_PORT, SlurmSpec, node_hosts, nproc_for
 from orchestrator.doctor.model import CheckStatus, ProbeResults
-from orchestrator.doctor.slurm import controller_findings
+from orchestrator.doctor.slurm import controller_findings, reprobe_job
 from orchestrator.errors import HostError
 from orchestrator.hostops.stacks import StacksReport
 from orchestrator.launch.backends.base import DetachReport, Emit, Notice, Resolved, supervise_request
@@ -52,6 +52,7 @@ POLL_S = 1.0  # squeue, while the job runs
 WIND_DOWN_S = 120.0  # after the last node ended, how long to wait for Slurm to end the job
 NODE_FILE = re.compile(r"^r(?P<run>\d+)-node(?P<node>\d+)\.out$")
 REQUEUE_FILE = re.compile(r"^requeue-(?P<run>\d+)$")
+RENDEZVOUS_LINE = re.compile(r"rendezvous (?P<endpoint>\S+:\d+)$")  # the batch script's own line
 FOLLOW_PATTERN = r"^(r\d+-node\d+|batch)\.out$"
 
 
@@ -106,6 +107,7 @@ class SlurmBackend:
         self.requeued: set[int] = set()
         self.exited: set[int] = set()  # nodes whose final report came
         self.runs_seen: set[tuple[int, int]] = set()
+        self.endpoint: str | None = None  # host:port of the current run's rendezvous (from the batch shell)
         self.node_names: dict[str, str] = {}  # node0.. -> the Slurm node it ran on (last run)
 
     # -- before launch ----------------------------------------------------------------------
@@ -197,6 +199,10 @@ class SlurmBackend:
                 continue
             text = str(message.get("text", ""))
             if name == "batch.out":
+                m = RENDEZVOUS_LINE.search(text)
+                if m:
+                    with self.lock:
+                        self.endpoint = m.group("endpoint")
                 emit(NoticeEvent(names[0], f"slurm: {text}"))
                 continue
             m = NODE_FILE.match(name)
@@ -322,5 +328,11 @@ class SlurmBackend:
         return StacksReport(plan.job_id, host_errors={hl.host.name: why for hl in plan.hosts})
 
     def reprobe(self, plan: LaunchPlan) -> ProbeResults:
-        why = f"re-probing a Slurm job's nodes is not available: run `ddpctl doctor {plan.job.source or 'JOB_FILE'}`"
-        return ProbeResults(errors={hl.host.name: why for hl in plan.hosts})
+        """doctor's probe in the job's own allocation: every node dials the rendezvous endpoint
+        (held by the job's store) and every other node."""
+        with self.lock:
+            sub, endpoint = self.submitted, self.endpoint
+        if sub is None or endpoint is None:
+            return ProbeResults(errors={hl.host.name: "the job has not reached its rendezvous" for hl in plan.hosts})
+        return reprobe_job(self.client, self.spec, sub.slurm_id, sub.state, endpoint,
+                           [hl.host.name for hl in plan.hosts])
