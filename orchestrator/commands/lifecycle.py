@@ -15,6 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from inventory import Inventory, load_job
+from inventory.slurm import SlurmSpec
 from orchestrator.commands.common import (
     AcceptNewOpt,
     BackendChoice,
@@ -45,10 +46,11 @@ LoginOpt = Annotated[str | None, typer.Option(
 
 @dataclass(frozen=True)
 class SlurmSide:
-    """Where a Slurm job's commands run, when the target is a Slurm job."""
+    """Where a Slurm job's commands run, when the target is a Slurm job (and how its nodes start)."""
 
     login: str | None
     inventory: Inventory
+    spec: SlurmSpec
 
 
 def slurm_side(job: str, backend: BackendChoice | None, login: str | None) -> SlurmSide | None:
@@ -58,9 +60,9 @@ def slurm_side(job: str, backend: BackendChoice | None, login: str | None) -> Sl
     if job.endswith(".toml") and Path(job).exists():
         spec = load_job(Path(job))
         if spec.slurm is not None:
-            return SlurmSide(login or spec.slurm.login, spec.inventory)
+            return SlurmSide(login or spec.slurm.login, spec.inventory, spec.slurm)
     if backend is BackendChoice.slurm:
-        return SlurmSide(login, load_inventory_arg(None))
+        return SlurmSide(login, load_inventory_arg(None), SlurmSpec(login=login))
     return None
 
 

@@ -17,15 +17,19 @@ from orchestrator.commands.common import (
     console,
     handle_errors,
 )
-from orchestrator.commands.lifecycle import JobArg, resolve_target
+from orchestrator.commands.lifecycle import BackendOpt, JobArg, LoginOpt, resolve_target, slurm_side, slurm_target
+from orchestrator.hostops import slurm_jobs
 from orchestrator.hostops.stacks import collect, report_json, report_text
 from orchestrator.remote.pool import make_pool
+from orchestrator.remote.slurm import slurm_client
 
 
 @handle_errors
 def stacks_command(
     job: JobArg,
     inventory: InventoryOpt = None,
+    backend: BackendOpt = None,
+    login: LoginOpt = None,
     frames: Annotated[int, typer.Option("--frames", min=1, help="Frames shown per group.")] = 8,
     as_json: JsonOpt = False,
     ssh_config: SshConfigOpt = None,
@@ -34,9 +38,14 @@ def stacks_command(
     parallel: ParallelOpt = 64,
 ) -> None:
     """Dump the Python stack of every rank of a running job (py-spy), grouped."""
-    target, inv = resolve_target(job, inventory)
+    side = slurm_side(job, backend, login)
     with make_pool(ssh_config, known_hosts, accept_new_host_keys, parallel) as pool:
-        report = collect(pool, inv.hosts, target)
+        if side is not None:
+            client = slurm_client(pool, side.login, side.inventory)
+            report = slurm_jobs.stacks(client, slurm_target(client, job), side.spec)
+        else:
+            target, inv = resolve_target(job, inventory)
+            report = collect(pool, inv.hosts, target)
     if as_json:
         console.print_json(json.dumps(report_json(report)))
     else:

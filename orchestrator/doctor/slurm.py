@@ -40,10 +40,9 @@ from orchestrator.doctor.model import (
 )
 from orchestrator.errors import HostError, HostErrorKind
 from orchestrator.launch.backends.slurm_script import PORT_SPREAD, PORT_TRIES, resource_options, state_dir
-from orchestrator.remote.agent import AgentResult, agent_argv, decode, parse_reply, request_bytes
+from orchestrator.remote.agent import request_bytes
 from orchestrator.remote.pool import HostPool
-from orchestrator.remote.slurm import SlurmClient, slurm_client
-from orchestrator.remote.transport import CommandResult, OutputLine
+from orchestrator.remote.slurm import SlurmClient, node_script, on_every_node, slurm_client, task_reply
 from orchestrator.remote.wire import HostFacts
 
 ALLOC = "alloc"
@@ -94,11 +93,6 @@ def batch_script(spec: SlurmSpec, state: str) -> str:
         f"S={shlex.quote(state)}", 'scontrol show hostnames "$SLURM_JOB_NODELIST" > "$S/nodes"',
         f'srun --nodes={spec.nodes} --ntasks-per-node=1 --input="$S/node.in" --output="$S/node-%t.out" '
         'bash "$S/node.sh"', ""])
-
-
-def node_script(spec: SlurmSpec) -> str:
-    """Each task: the job's setup lines, then the node agent (its request comes on stdin)."""
-    return "\n".join(["#!/bin/bash", "set -e", *spec.setup, f"exec {shlex.join(agent_argv(spec.python))}", ""])
 
 
 def sbatch_argv(spec: SlurmSpec, state: str, minutes: int) -> list[str]:
@@ -182,16 +176,6 @@ def read_replies(client: SlurmClient, run: NodeRun, n: int) -> None:
             run.failed[name] = err
 
 
-def task_reply(name: str, rank: int, text: str) -> Mapping[str, Any]:
-    """The op's result in a task's output file; a task that ended without one is that node's error."""
-    lines = text.splitlines()
-    if not any(isinstance(decode(OutputLine("stdout", line)), AgentResult) for line in lines):
-        tail = " / ".join(line for line in lines[-3:] if line.strip()) or "(no output)"
-        raise HostError(name, HostErrorKind.AGENT, f"the task ended without the node agent's result: {tail}",
-                        "check [slurm] setup and python: the task runs the setup lines, then python (else python3)")
-    return parse_reply(CommandResult(name, ("srun",), 0, text, "", 0.0)).result
-
-
 def timed_out_finding(run: NodeRun, waited: Waited, timeout_s: float, cancelled: bool) -> Finding:
     gone = "cancelled it" if cancelled else f"scancel did not end it: check `squeue -j {run.slurm_id}`"
     if waited.ran_s == 0.0:
@@ -245,33 +229,12 @@ def run_allocation(client: SlurmClient, spec: SlurmSpec, request: Mapping[str, A
 
 def reprobe_job(client: SlurmClient, spec: SlurmSpec, slurm_id: str, state: str, endpoint: str,
                 nodes: Sequence[str], timeout_s: float = REPROBE_TIMEOUT_S) -> ProbeResults:
-    """doctor's TCP probe inside a running job's allocation (`srun --overlap`): every node dials the
-    job's rendezvous endpoint, held by its store, and every other node. `nodes`: names in task order."""
-    probe = f"{state}/reprobe-{secrets.token_hex(3)}"
-    replies: dict[str, Mapping[str, Any]] = {}
-    errors: dict[str, str] = {}
-    try:
-        client.write(f"{probe}/node.in", request_bytes("slurm_check", {
-            "dir": probe, "master": endpoint, "facts": False, "wait": BARRIER_S / 2}))
-        client.write(f"{probe}/node.sh", node_script(spec).encode(), 0o700)
-        ran = client.run(["srun", "--overlap", f"--jobid={slurm_id}", f"--nodes={len(nodes)}", "--ntasks-per-node=1",
-                          f"--input={probe}/node.in", f"--output={probe}/node-%t.out", "bash", f"{probe}/node.sh"],
-                         timeout=timeout_s, check=False)
-        for rank, name in enumerate(nodes):
-            text = client.read(f"{probe}/node-{rank}.out")
-            try:
-                if text is None:
-                    raise HostError(name, HostErrorKind.AGENT, "srun ran no probe there: "
-                                    + (ran.stderr.strip().splitlines() or ["(no output)"])[-1], "")
-                replies[name] = task_reply(name, rank, text)
-            except HostError as err:
-                errors[name] = err.message
-    except HostError as err:
-        errors.update({name: err.message for name in nodes})
-    finally:
-        client.run(["rm", "-rf", "--", probe], check=False)
+    """doctor's TCP probe inside a running job's allocation: every node dials the job's rendezvous
+    endpoint, held by its store, and every other node. `nodes`: names in task order."""
+    replies, errors = on_every_node(client, spec, slurm_id, nodes, "slurm_check", {
+        "master": endpoint, "facts": False, "wait": BARRIER_S / 2}, f"{state}/reprobe", timeout_s)
     out = probe_results(list(nodes), replies)
-    out.errors.update(errors)
+    out.errors.update({name: err.message for name, err in errors.items()})
     return out
 
 

@@ -8,11 +8,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from inventory.slurm import SlurmSpec
 from orchestrator.errors import HostError, HostErrorKind
-from orchestrator.launch.backends.slurm import FOLLOW_PATTERN, NODE_FILE
+from orchestrator.hostops.stacks import StacksReport, assemble
+from orchestrator.launch.backends.slurm import FOLLOW_PATTERN, NODE_FILE, STACKS_TIMEOUT_S
 from orchestrator.launch.backends.slurm_script import JOB_COMMENT, state_dir
 from orchestrator.remote.agent import AgentEvent, AgentResult, decode, start_agent
-from orchestrator.remote.slurm import QueuedJob, SlurmClient
+from orchestrator.remote.slurm import QueuedJob, SlurmClient, on_every_node
 from orchestrator.remote.transport import OutputLine
 from orchestrator.remote.wire import parse_supervise
 
@@ -107,3 +109,17 @@ def logs(client: SlurmClient, target: SlurmTarget, follow: bool, sink: LineSink)
                 stream.send(b"STOP\n")
                 stopped = True
     stream.wait(10)
+
+
+def stacks(client: SlurmClient, target: SlurmTarget, spec: SlurmSpec) -> StacksReport:
+    """Every rank's stack of a running job, py-spy on each node through `srun --overlap`."""
+    if target.slurm_id is None or target.state != "RUNNING":
+        raise HostError(client.transport.host.name, HostErrorKind.SLURM,
+                        f"Slurm job {target.slurm_id or target.job_id} is not running ({target.state or 'ended'})",
+                        "`ddpctl ps --backend slurm` lists the running ones")
+    count = client.show_job(target.slurm_id).get("NumNodes", "1").split("-")[0]
+    names = [f"node{i}" for i in range(int(count) if count.isdigit() else 1)]
+    replies, errors = on_every_node(client, spec, target.slurm_id, names, "stacks",
+                                    {"job": target.job_id, "python": spec.python},
+                                    f"{state_dir(client.home(), target.job_id)}/stacks", STACKS_TIMEOUT_S)
+    return assemble(target.job_id, replies, {name: err.message for name, err in errors.items()})

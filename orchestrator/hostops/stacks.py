@@ -122,16 +122,20 @@ def collapse(stacks: Iterable[RankStack]) -> list[StackGroup]:
 def collect(pool: HostPool, hosts: Sequence[Host], job: str) -> StacksReport:
     fan: FanOut[Mapping[str, Any]] = pool.map(
         hosts, lambda t: call_agent(t, "stacks", {"job": job, "python": t.host.python}, timeout=90).result)
+    return assemble(job, fan.succeeded, {host: err.message for host, err in fan.failed.items()})
+
+
+def assemble(job: str, results: Mapping[str, Mapping[str, Any]], failed: Mapping[str, str]) -> StacksReport:
+    """The stacks op's result per host (however it was run there) as one collapsed report."""
     report = StacksReport(job)
     all_stacks: list[RankStack] = []
-    for host, result in fan.succeeded.items():
+    for host, result in results.items():
         if result.get("error") and not result.get("ranks"):
             report.host_errors[host] = str(result["error"])
         if result.get("py_spy") is None and result.get("ranks"):
             report.host_errors[host] = f"{result.get('error')} (fix: {result.get('fix')})"
         all_stacks += parse_host(host, result)
-    for host, err in fan.failed.items():
-        report.host_errors[host] = err.message
+    report.host_errors.update(failed)
     report.groups = collapse(all_stacks)
     return report
 

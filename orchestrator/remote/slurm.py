@@ -4,14 +4,18 @@ accounting database, so job state comes from squeue and `scontrol show job`."""
 
 from __future__ import annotations
 
+import secrets
 import shlex
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from inventory import LOCALHOST, Host, Inventory
+from inventory.slurm import SlurmSpec
 from orchestrator.errors import HostError, HostErrorKind
+from orchestrator.remote.agent import AgentResult, agent_argv, decode, parse_reply, request_bytes
 from orchestrator.remote.pool import HostPool
-from orchestrator.remote.transport import CommandResult, Transport
+from orchestrator.remote.transport import CommandResult, OutputLine, Transport
 
 ACTIVE_STATES = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED",
                            "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED"})
@@ -174,3 +178,51 @@ def login_host(login: str | None, inventory: Inventory) -> Host:
 
 def slurm_client(pool: HostPool, login: str | None, inventory: Inventory) -> SlurmClient:
     return SlurmClient(pool.transport(login_host(login, inventory)), login)
+
+
+# -- the node agent on every node of an allocation ---------------------------------------------
+
+def node_script(spec: SlurmSpec) -> str:
+    """Each task: the job's setup lines, then the node agent (its request comes on stdin)."""
+    return "\n".join(["#!/bin/bash", "set -e", *spec.setup, f"exec {shlex.join(agent_argv(spec.python))}", ""])
+
+
+def task_reply(name: str, rank: int, text: str) -> Mapping[str, Any]:
+    """The op's result in a task's output file; a task that ended without one is that node's error."""
+    lines = text.splitlines()
+    if not any(isinstance(decode(OutputLine("stdout", line)), AgentResult) for line in lines):
+        tail = " / ".join(line for line in lines[-3:] if line.strip()) or "(no output)"
+        raise HostError(name, HostErrorKind.AGENT, f"the task ended without the node agent's result: {tail}",
+                        "check [slurm] setup and python: the task runs the setup lines, then python (else python3)")
+    return parse_reply(CommandResult(name, ("srun",), 0, text, "", 0.0)).result
+
+
+def on_every_node(client: SlurmClient, spec: SlurmSpec, slurm_id: str, nodes: Sequence[str], op: str,
+                  request: Mapping[str, Any], under: str, timeout_s: float
+                  ) -> tuple[dict[str, Mapping[str, Any]], dict[str, HostError]]:
+    """Run one node agent op on every node of a running job (`srun --overlap`, one task per node,
+    the job's setup lines first): each node's result, or why it gave none. `nodes`: names in task
+    order; the files go to a fresh directory `under-<random>` and are removed after."""
+    where = f"{under}-{secrets.token_hex(3)}"
+    replies: dict[str, Mapping[str, Any]] = {}
+    errors: dict[str, HostError] = {}
+    try:
+        client.write(f"{where}/node.in", request_bytes(op, dict(request, dir=where)))
+        client.write(f"{where}/node.sh", node_script(spec).encode(), 0o700)
+        ran = client.run(["srun", "--overlap", f"--jobid={slurm_id}", f"--nodes={len(nodes)}", "--ntasks-per-node=1",
+                          f"--input={where}/node.in", f"--output={where}/node-%t.out", "bash", f"{where}/node.sh"],
+                         timeout=timeout_s, check=False)
+        said = (ran.stderr.strip().splitlines() or ["(no output)"])[-1]
+        for rank, name in enumerate(nodes):
+            text = client.read(f"{where}/node-{rank}.out")
+            try:
+                if text is None:
+                    raise HostError(name, HostErrorKind.SLURM, f"srun ran nothing there: {said}", "")
+                replies[name] = task_reply(name, rank, text)
+            except HostError as err:
+                errors[name] = err
+    except HostError as err:
+        errors.update({name: err for name in nodes})
+    finally:
+        client.run(["rm", "-rf", "--", where], check=False)
+    return replies, errors

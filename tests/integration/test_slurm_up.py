@@ -233,6 +233,12 @@ def test_detach_then_ps_logs_and_down(slurm_cluster: SlurmCluster, tmp_path: Pat
     text = wait_for(lambda: (lambda t: t if t.count(" ready") >= 4 else "")(logs()), 90, "every rank's line in logs")
     assert re.search(r"^\[node0\] \[default0\]:rank=\d ready", text, re.MULTILINE), text
 
+    stacks = ddpctl(slurm_cluster, "stacks", str(job), "--json", cwd=tmp_path)
+    assert stacks.returncode == 0, stacks.stderr + stacks.stdout
+    report = json.loads(stacks.stdout)
+    assert report["host_errors"] == {} and report["job"] == job_id
+    assert {r["rank"] for g in report["groups"] for r in g["ranks"]} == {0, 1, 2, 3}
+
     down = ddpctl(slurm_cluster, "down", slurm_id, "--backend", "slurm", cwd=tmp_path)
     assert down.returncode == 0, down.stderr
     assert f"cancelled Slurm job {slurm_id} ({job_id})" in down.stdout
@@ -384,3 +390,33 @@ def test_a_firewalled_rendezvous_is_diagnosed_by_a_probe_inside_the_allocation(s
     assert f"torchrun's rendezvous at {c.nodes[0]}:{m.group(1)} never completed" in cause, cause
     assert active_jobs(c) == []
     assert job_processes(c) == {} or all(n == "slurmstepd" for ns in job_processes(c).values() for n in ns)
+
+
+HANG = """\
+import time
+import torch.distributed as dist
+dist.init_process_group("gloo")
+print(f"rank={dist.get_rank()} ready", flush=True)
+def wait_forever():
+    time.sleep(300)
+wait_forever()
+"""
+
+
+def test_a_silent_job_gets_every_ranks_stack_from_inside_the_allocation(slurm_cluster: SlurmCluster,
+                                                                        tmp_path: Path) -> None:
+    job = slurm_job(tmp_path, "hang", HANG)
+    proc = ddpctl(slurm_cluster, "up", str(job), "--hang-timeout", "5", "--on-hang", "stop", cwd=tmp_path,
+                  timeout=240)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "stacks of every rank (hang)" in proc.stderr
+    run_dir = tmp_path / "runs" / summary(tmp_path)["job_id"]
+    (dump,) = list(run_dir.glob("stacks-hang-*.json"))
+    report = json.loads(dump.read_text())
+    assert report["host_errors"] == {}, report["host_errors"]
+    ranks = sorted(r["rank"] for g in report["groups"] for r in g["ranks"])
+    assert ranks == [0, 1, 2, 3]
+    (group,) = report["groups"]  # every rank waits in the same place
+    assert [f["name"] for f in group["frames"]][:2] == ["wait_forever", "<module>"]
+    assert {r["host"] for r in group["ranks"]} == {"node0", "node1"}
+    assert active_jobs(slurm_cluster) == []

@@ -23,7 +23,7 @@ from node_agent.protocol import RESULT_PREFIX
 from orchestrator.doctor import slurm as ds
 from orchestrator.doctor.checks import slurm as dc
 from orchestrator.doctor.model import CheckStatus, Finding
-from orchestrator.remote.slurm import SlurmClient, parse_config
+from orchestrator.remote.slurm import SlurmClient, node_script, parse_config
 from orchestrator.remote.transport import CommandResult
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -293,7 +293,7 @@ def test_the_batch_script_asks_for_what_the_launch_asks_for_and_runs_one_task_pe
     assert 'srun --nodes=4 --ntasks-per-node=1 --input="$S/node.in" --output="$S/node-%t.out" bash "$S/node.sh"' \
            in script
     subprocess.run(["bash", "-n"], input=script, text=True, check=True)
-    node = ds.node_script(spec)
+    node = node_script(spec)
     assert node.splitlines()[2] == "module load cuda"
     assert node.splitlines()[3].startswith("exec sh -c ") and "/opt/venv/bin/python" in node
     subprocess.run(["bash", "-n"], input=node, text=True, check=True)

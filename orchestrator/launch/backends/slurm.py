@@ -17,7 +17,7 @@ from inventory.slurm import DEFAULT_BASE_PORT, SlurmSpec, node_hosts, nproc_for
 from orchestrator.doctor.model import CheckStatus, ProbeResults
 from orchestrator.doctor.slurm import controller_findings, reprobe_job
 from orchestrator.errors import HostError
-from orchestrator.hostops.stacks import StacksReport
+from orchestrator.hostops.stacks import StacksReport, assemble
 from orchestrator.launch.backends.base import DetachReport, Emit, Notice, Resolved, supervise_request
 from orchestrator.launch.backends.slurm_script import render_batch, render_node, sbatch_argv, state_dir
 from orchestrator.launch.events import (
@@ -44,11 +44,12 @@ from orchestrator.remote.agent import (
     start_agent,
 )
 from orchestrator.remote.pool import HostPool
-from orchestrator.remote.slurm import QueuedJob, slurm_client
+from orchestrator.remote.slurm import QueuedJob, on_every_node, slurm_client
 from orchestrator.remote.transport import OutputLine
 from orchestrator.remote.wire import parse_rank_phase, parse_supervise
 
 POLL_S = 1.0  # squeue, while the job runs
+STACKS_TIMEOUT_S = 120.0  # py-spy on every node of the job, together
 WIND_DOWN_S = 120.0  # after the last node ended, how long to wait for Slurm to end the job
 NODE_FILE = re.compile(r"^r(?P<run>\d+)-node(?P<node>\d+)\.out$")
 REQUEUE_FILE = re.compile(r"^requeue-(?P<run>\d+)$")
@@ -324,8 +325,16 @@ class SlurmBackend:
         return DetachReport(started={hl.host.name: None for hl in plan.hosts}, slurm_job_id=sub.slurm_id)
 
     def stacks(self, plan: LaunchPlan) -> StacksReport:
-        why = "stack dumps are not available for Slurm jobs yet"
-        return StacksReport(plan.job_id, host_errors={hl.host.name: why for hl in plan.hosts})
+        """Every rank's stack (py-spy on each node, through srun --overlap in the job's allocation)."""
+        with self.lock:
+            sub = self.submitted
+        names = [hl.host.name for hl in plan.hosts]
+        if sub is None:
+            return StacksReport(plan.job_id, host_errors={name: "the job was not submitted" for name in names})
+        replies, errors = on_every_node(self.client, self.spec, sub.slurm_id, names, "stacks",
+                                        {"job": plan.job_id, "python": self.spec.python}, f"{sub.state}/stacks",
+                                        STACKS_TIMEOUT_S)
+        return assemble(plan.job_id, replies, {name: err.message for name, err in errors.items()})
 
     def reprobe(self, plan: LaunchPlan) -> ProbeResults:
         """doctor's probe in the job's own allocation: every node dials the rendezvous endpoint
