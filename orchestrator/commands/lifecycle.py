@@ -48,6 +48,7 @@ LoginOpt = Annotated[str | None, typer.Option(
 class SlurmSide:
     """Where a Slurm job's commands run, when the target is a Slurm job (and how its nodes start)."""
 
+    name: str  # what the user named: a Slurm job id, a ddpctl job id, or the job file's job name
     login: str | None
     inventory: Inventory
     spec: SlurmSpec
@@ -57,20 +58,18 @@ def slurm_side(job: str, backend: BackendChoice | None, login: str | None) -> Sl
     """A job.toml with [slurm] (unless --backend ssh), or --backend slurm: the Slurm side."""
     if backend is BackendChoice.ssh:
         return None
-    if job.endswith(".toml") and Path(job).exists():
-        spec = load_job(Path(job))
-        if spec.slurm is not None:
-            return SlurmSide(login or spec.slurm.login, spec.inventory, spec.slurm)
+    spec = load_job(Path(job)) if job.endswith(".toml") and Path(job).exists() else None
+    if spec is not None and spec.slurm is not None:
+        return SlurmSide(spec.name, login or spec.slurm.login, spec.inventory, spec.slurm)
     if backend is BackendChoice.slurm:
-        return SlurmSide(login, load_inventory_arg(None), SlurmSpec(login=login))
+        return SlurmSide(spec.name if spec else job, login, load_inventory_arg(None), SlurmSpec(login=login))
     return None
 
 
-def slurm_target(client: SlurmClient, job: str) -> slurm_jobs.SlurmTarget:
-    name = load_job(Path(job)).name if job.endswith(".toml") and Path(job).exists() else job
-    target = slurm_jobs.find(client, name)
+def slurm_target(client: SlurmClient, side: SlurmSide) -> slurm_jobs.SlurmTarget:
+    target = slurm_jobs.find(client, side.name)
     if target is None:
-        raise slurm_jobs.not_found(client, name)
+        raise slurm_jobs.not_found(client, side.name)
     return target
 
 
@@ -161,7 +160,7 @@ def down_command(
     if side is not None:
         with make_pool(ssh_config, known_hosts, accept_new_host_keys, parallel) as pool:
             client = slurm_client(pool, side.login, side.inventory)
-            found = slurm_target(client, job)
+            found = slurm_target(client, side)
             if found.slurm_id is None or found.state not in ACTIVE_STATES:
                 raise slurm_jobs.not_found(client, f"{found.job_id} running")
             state = slurm_jobs.cancel(client, found)
@@ -211,7 +210,7 @@ def logs_command(
     if side is not None:
         with make_pool(ssh_config, known_hosts, accept_new_host_keys, parallel) as pool:
             client = slurm_client(pool, side.login, side.inventory)
-            slurm_jobs.logs(client, slurm_target(client, job), follow, show)
+            slurm_jobs.logs(client, slurm_target(client, side), follow, show)
         raise typer.Exit(0)
     target, inv = resolve_target(job, inventory)
     with make_pool(ssh_config, known_hosts, accept_new_host_keys, parallel) as pool:

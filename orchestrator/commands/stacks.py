@@ -42,7 +42,7 @@ def stacks_command(
     with make_pool(ssh_config, known_hosts, accept_new_host_keys, parallel) as pool:
         if side is not None:
             client = slurm_client(pool, side.login, side.inventory)
-            report = slurm_jobs.stacks(client, slurm_target(client, job), side.spec)
+            report = slurm_jobs.stacks(client, slurm_target(client, side), side.spec)
         else:
             target, inv = resolve_target(job, inventory)
             report = collect(pool, inv.hosts, target)

@@ -14,6 +14,7 @@ from rich.markup import escape
 from rich.text import Text
 
 from inventory import ConfigError, JobOverrides, NprocSpec, load_job, parse_env_assignment
+from inventory.slurm import node_hosts
 from orchestrator.commands.common import (
     AcceptNewOpt,
     BackendChoice,
@@ -280,8 +281,7 @@ def up_command(
                 print_dry_run(plan)
                 print_dry_run_limits(plan, options.checks)
                 return
-            printer = Printer([hl.host.name for hl in core.plan_job(job, runner, options).hosts]
-                              if isinstance(runner, SlurmBackend) else [h.name for h in job.hosts])
+            printer = Printer([h.name for h in (node_hosts(job, job.slurm) if job.slurm else job.hosts)])
             if detach:
                 print_detached(core.detach(job, runner, printer, options))
             with printer:

@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 
-from tests.cluster_sys import which
 from tests.ddpctl_run import ddpctl_argv, wait_for
 from tests.slurm_cluster import SlurmCluster
 
@@ -103,8 +102,6 @@ def test_a_partition_that_does_not_exist_lists_the_partitions(slurm_cluster: Slu
 
 def test_a_blocked_rendezvous_port_range_is_a_firewall_error_naming_the_port(slurm_cluster: SlurmCluster,
                                                                              tmp_path: Path) -> None:
-    if which("iptables") is None:
-        pytest.skip("needs iptables")
     c = slurm_cluster
     rule = ["INPUT", "-p", "tcp", "--dport", "29500:30700", "-j", "REJECT"]
     for ns in c.nodes:  # nsenter, not `ip netns exec`: nothing remounted

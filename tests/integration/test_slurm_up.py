@@ -406,7 +406,9 @@ wait_forever()
 def test_a_silent_job_gets_every_ranks_stack_from_inside_the_allocation(slurm_cluster: SlurmCluster,
                                                                         tmp_path: Path) -> None:
     job = slurm_job(tmp_path, "hang", HANG)
-    proc = ddpctl(slurm_cluster, "up", str(job), "--hang-timeout", "5", "--on-hang", "stop", cwd=tmp_path,
+    # silence for longer than each rank's `import torch` takes on these shared cores (≈5 s, more
+    # under load): the dump must find every rank waiting, not still importing
+    proc = ddpctl(slurm_cluster, "up", str(job), "--hang-timeout", "20", "--on-hang", "stop", cwd=tmp_path,
                   timeout=240)
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert "stacks of every rank (hang)" in proc.stderr

@@ -14,9 +14,11 @@ import pytest
 from inventory import load_job
 from inventory.slurm import SlurmSpec, node_hosts, nproc_for
 from orchestrator.launch.backends.slurm import batch_request, exit_code_of
-from orchestrator.launch.backends.slurm_script import render_batch, render_node, sbatch_argv, state_dir
+from orchestrator.launch.backends.slurm_script import render_batch, sbatch_argv, state_dir
 from orchestrator.launch.options import LaunchOptions
 from orchestrator.launch.plan import LaunchPlan, build_plan
+from orchestrator.remote.agent import agent_argv
+from orchestrator.remote.slurm import node_script
 
 GOLDEN = Path(__file__).parent / "golden"
 STATE = "/home/alice/.ddpctl/runs/train-20261123-120000-abcd"
@@ -63,7 +65,7 @@ def test_minimal_job_script(tmp_path: Path) -> None:
     plan = plan_for(tmp_path, "[slurm]\nnodes = 2", nproc="2")
     assert plan.job.slurm is not None
     check_golden("slurm-minimal.sbatch", render_batch(plan, plan.job.slurm, STATE, plan.master_port))
-    check_golden("slurm-minimal.node.sh", render_node(plan.job.slurm, STATE))
+    check_golden("slurm-minimal.node.sh", node_script(plan.job.slurm))
 
 
 def test_every_option_script(tmp_path: Path) -> None:
@@ -72,7 +74,7 @@ def test_every_option_script(tmp_path: Path) -> None:
     assert spec is not None
     script = render_batch(plan, spec, STATE, plan.master_port)
     check_golden("slurm-full.sbatch", script)
-    check_golden("slurm-full.node.sh", render_node(spec, STATE))
+    check_golden("slurm-full.node.sh", node_script(spec))
     assert "--gpus-per-task" not in script and "#SBATCH --gpus-per-node=8" in script
     # torchrun passes the early warning to the ranks as a Python signal
     assert "--signals-to-handle SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1" in plan.hosts[0].display()
@@ -83,7 +85,7 @@ def test_rendered_scripts_are_valid_bash(tmp_path: Path) -> None:
     plan = plan_for(tmp_path, FULL, nproc='"gpu"')
     assert plan.job.slurm is not None
     for name, body in (("job.sbatch", render_batch(plan, plan.job.slurm, STATE, 29500)),
-                       ("node.sh", render_node(plan.job.slurm, STATE))):
+                       ("node.sh", node_script(plan.job.slurm))):
         (tmp_path / name).write_text(body)
         assert body.startswith("#!/bin/bash\n")
         checked = subprocess.run(["bash", "-n", str(tmp_path / name)], capture_output=True, text=True, check=False)
@@ -97,11 +99,16 @@ def test_paths_with_spaces_go_as_sbatch_arguments_not_script_lines() -> None:
     assert state_dir("/home/a b/", "x") == "/home/a b/.ddpctl/runs/x"
 
 
-def test_the_node_script_quotes_the_interpreter_and_paths() -> None:
-    text = render_node(SlurmSpec(python="/opt/my env/bin/python"), "/home/a b/s")
-    exec_line = text.splitlines()[-1]
-    assert shlex.split(exec_line) == ["exec", "/opt/my env/bin/python", "/home/a b/s/agent.py", "<",
-                                      "/home/a b/s/node.in"]
+def test_the_node_script_quotes_the_interpreter_and_paths(tmp_path: Path) -> None:
+    text = node_script(SlurmSpec(python="/opt/my env/bin/python"))
+    exec_line = text[text.index("\nexec ") + 1:]  # the agent's bootstrap spans lines, quoted as one word
+    assert shlex.split(exec_line) == ["exec", *agent_argv("/opt/my env/bin/python")]
+    plan = plan_for(tmp_path, "[slurm]\nnodes = 2", nproc="2")
+    assert plan.job.slurm is not None
+    script = render_batch(plan, plan.job.slurm, "/home/a b/s", 29500)
+    (s_line,) = [line for line in script.splitlines() if line.startswith("S=")]
+    assert shlex.split(s_line) == ["S=/home/a b/s"]
+    assert '--input="$S/node.in"' in script and 'bash "$S/node.sh"' in script
 
 
 def test_every_node_reads_one_request_and_takes_its_rank_from_slurm(tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ from orchestrator.doctor.slurm import controller_findings, reprobe_job
 from orchestrator.errors import HostError
 from orchestrator.hostops.stacks import StacksReport, assemble
 from orchestrator.launch.backends.base import DetachReport, Emit, Notice, Resolved, supervise_request
-from orchestrator.launch.backends.slurm_script import render_batch, render_node, sbatch_argv, state_dir
+from orchestrator.launch.backends.slurm_script import render_batch, sbatch_argv, state_dir
 from orchestrator.launch.events import (
     Alive,
     Exited,
@@ -35,7 +35,6 @@ from orchestrator.launch.options import LaunchOptions
 from orchestrator.launch.plan import LaunchPlan, mask_env
 from orchestrator.launch.preflight import ChecksFailed
 from orchestrator.remote.agent import (
-    BOOTSTRAP,
     AgentEvent,
     AgentResult,
     AgentStream,
@@ -44,7 +43,7 @@ from orchestrator.remote.agent import (
     start_agent,
 )
 from orchestrator.remote.pool import HostPool
-from orchestrator.remote.slurm import QueuedJob, on_every_node, slurm_client
+from orchestrator.remote.slurm import QueuedJob, node_script, on_every_node, slurm_client
 from orchestrator.remote.transport import OutputLine
 from orchestrator.remote.wire import parse_rank_phase, parse_supervise
 
@@ -71,7 +70,6 @@ def exit_code_of(show: dict[str, str]) -> int:
 class Submission:
     plan: LaunchPlan
     state: str  # the job's directory on the cluster
-    script: str  # its batch script there
     slurm_id: str
     record: Path  # slurm.json in the local run directory
 
@@ -132,9 +130,8 @@ class SlurmBackend:
         state = state_dir(home, plan.job_id)
         request = json.dumps(batch_request(plan, self.spec, options)).encode() + b"\n"
         return {
-            f"{state}/agent.py": (BOOTSTRAP.encode(), 0o600),
             f"{state}/node.in": (agent_payload() + request, 0o600),  # the job env: never on a command line
-            f"{state}/node.sh": (render_node(self.spec, state).encode(), 0o700),
+            f"{state}/node.sh": (node_script(self.spec).encode(), 0o700),
             f"{state}/job.sbatch": (render_batch(plan, self.spec, state, plan.master_port).encode(), 0o700),
         }
 
@@ -152,7 +149,7 @@ class SlurmBackend:
         slurm_id = self.client.submit(sbatch_argv(state, plan.hosts[0].cwd))
         run_dir = options.runs_dir / plan.job_id
         run_dir.mkdir(parents=True, exist_ok=True)
-        sub = Submission(plan, state, f"{state}/job.sbatch", slurm_id, run_dir / "slurm.json")
+        sub = Submission(plan, state, slurm_id, run_dir / "slurm.json")
         sub.write_record(self.spec.login, {})
         return sub
 
@@ -251,7 +248,8 @@ class SlurmBackend:
                 continue
             if job is None or not job.active:
                 break
-            if job.queued:
+            if job.queued:  # at first, and again after a requeue
+                running_since = None
                 for name in names:  # the scheduler vouches for them: not lost, waiting
                     emit(Alive(name))
                 words = f"queued ({job.reason})" if job.reason and job.reason != "None" else "queued"
@@ -263,8 +261,6 @@ class SlurmBackend:
                 said = ""
                 emit(NoticeEvent(names[0], f"Slurm job {sub.slurm_id} running on {job.nodes} after "
                                            f"{running_since - submitted:.1f}s in the queue"))
-            elif job.state != "RUNNING":
-                running_since = None if job.queued else running_since
             self.closed.wait(POLL_S)
         self._finish(sub, job, emit, reader)
 

@@ -1,10 +1,11 @@
 """The batch script a Slurm job runs (pure text; golden-tested).
 
 One task per node (`--ntasks-per-node=1`), each task the node agent's supervisor for that node's
-torchrun (`node<N>.in`: the agent and its request, job env included, mode 0600: nothing of the env
-is on a command line). torchrun rendezvous with c10d on the allocation's first node, on a port
-chosen per job there. With requeue, the early signal reaches the batch shell, which passes it to
-every node (torchrun hands it to the ranks as a Python signal) and requeues once they have ended.
+torchrun (node.sh: the job's setup lines, then the agent reading `node.in` on stdin: the agent and
+its request, job env included, mode 0600: nothing of the env is on a command line). torchrun
+rendezvous with c10d on the allocation's first node, on a port chosen per job there. With requeue,
+the early signal reaches the batch shell, which passes it to every node (torchrun hands it to the
+ranks as a Python signal) and requeues once they have ended.
 """
 
 from __future__ import annotations
@@ -75,7 +76,7 @@ def render_batch(plan: LaunchPlan, spec: SlurmSpec, state: str, base_port: int) 
         f'export {SLURM_RDZV_ENV}="$head:$port"',
         'export DDPCTL_STATE_ROOT=' + q(state.rsplit("/runs/", 1)[0]),
         f'echo "ddpctl: run $R of Slurm job $SLURM_JOB_ID on $SLURM_JOB_NODELIST, rendezvous ${SLURM_RDZV_ENV}"',
-        f"srun --kill-on-bad-exit=1 --nodes={spec.nodes} --ntasks-per-node=1 --input=none "
+        f"srun --kill-on-bad-exit=1 --nodes={spec.nodes} --ntasks-per-node=1 --input=\"$S/node.in\" "
         '--output="$S/r$R-node%t.out" bash "$S/node.sh" &',
         "step=$!",
     ]
@@ -100,13 +101,4 @@ def render_batch(plan: LaunchPlan, spec: SlurmSpec, state: str, base_port: int) 
     if spec.requeue:
         lines += ['if [ -e "$S/requeue-$R" ]; then scontrol requeue "$SLURM_JOB_ID"; fi']
     lines += ['exit "$rc"', ""]
-    return "\n".join(lines)
-
-
-def render_node(spec: SlurmSpec, state: str) -> str:
-    """What each node's task runs: the job's setup lines, then the node agent's supervisor."""
-    q = shlex.quote
-    lines = ["#!/bin/bash", "# ddpctl: one task per node; its setup lines, then its supervisor", "set -e"]
-    lines += list(spec.setup)
-    lines += [f'exec {q(spec.python)} {q(state + "/agent.py")} < {q(state + "/node.in")}', ""]
     return "\n".join(lines)
