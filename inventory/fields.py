@@ -119,11 +119,19 @@ def expect_port(src: Reporter, key: str, value: object, allow_auto: bool = False
 
 
 def expect_gpus(src: Reporter, key: str, value: object) -> GpuSpec:
-    """A GPU count 0..MAX_NPROC_PER_NODE, or "auto" (detect on the host)."""
+    """A GPU count 0..MAX_NPROC_PER_NODE, "auto" (detect on the host), or an array of the GPU
+    indices the host's ranks use (nvidia-smi's numbering), kept in the order given."""
     if value == "auto":
         return "auto"
+    if isinstance(value, list):
+        return expect_gpu_indices(src, key, value)
     if isinstance(value, str):
-        raise src.error(key, f'expected a GPU count or "auto", got {describe(value)}', value=value)
+        raise src.error(
+            key,
+            f'expected a GPU count, "auto" or an array of GPU indices, got {describe(value)}',
+            _gpus_text_hint(value),
+            value=value,
+        )
     if _is_int(value) and value > MAX_NPROC_PER_NODE:
         raise src.error(
             key,
@@ -131,6 +139,69 @@ def expect_gpus(src: Reporter, key: str, value: object) -> GpuSpec:
             'give the number of GPUs the host has, or "auto" to detect it',
         )
     return expect_int(src, key, value, 0, MAX_NPROC_PER_NODE)
+
+
+def expect_gpu_indices(src: Reporter, key: str, value: list[Any]) -> tuple[int, ...]:
+    """A non-empty array of distinct GPU indices 0..MAX_NPROC_PER_NODE-1 (`gpus = [0, 2]`)."""
+    if not value:
+        raise src.error(
+            key,
+            "the GPU selection is empty",
+            'list the GPUs to use, e.g. gpus = [0, 1], or write "auto" for all of them '
+            "(gpus = 0: a host without GPU)",
+        )
+    if len(value) > MAX_NPROC_PER_NODE:
+        raise src.error(
+            key,
+            f"selects {len(value)} GPUs, more than {MAX_NPROC_PER_NODE} per host",
+            'list only the GPUs the host has, or write "auto" for all of them',
+        )
+    seen: list[int] = []
+    for i, item in enumerate(value):
+        index = _gpu_index(src, f"{key}[{i}]", item)
+        if index in seen:
+            unique = ", ".join(str(g) for g in dict.fromkeys(_plain_ints(value)))
+            raise src.error(
+                f"{key}[{i}]",
+                f"GPU {index} is listed twice",
+                f"list each GPU once: gpus = [{unique}]",
+            )
+        seen.append(index)
+    return tuple(seen)
+
+
+def _gpu_index(src: Reporter, key: str, item: object) -> int:
+    if not _is_int(item):
+        if isinstance(item, str) and is_ascii_digits(item.strip()):
+            hint = f"write it without quotes: {item.strip()}"
+        else:
+            hint = "write the index nvidia-smi shows for the GPU, e.g. 0"
+        raise src.error(key, f"expected a GPU index, got {describe(item)}", hint, value=item)
+    if item < 0:
+        raise src.error(
+            key, f"GPU index {item} is negative", "GPU indices start at 0, as nvidia-smi numbers them"
+        )
+    if item >= MAX_NPROC_PER_NODE:
+        raise src.error(
+            key,
+            f"GPU index {item} is beyond the {MAX_NPROC_PER_NODE} GPUs a host may have",
+            "use the index nvidia-smi shows for the GPU (0, 1, ...)",
+        )
+    return item
+
+
+def _plain_ints(items: Iterable[object]) -> list[int]:
+    return [i for i in items if _is_int(i)]
+
+
+def _gpus_text_hint(text: str) -> str:
+    """'gpus = "0,2"' -> an array; '"4"' -> unquote it; near-miss words -> "auto"."""
+    parts = [p.strip() for p in text.split(",")]
+    if len(parts) > 1 and all(is_ascii_digits(p) for p in parts):
+        return f"write the GPU indices as an array: gpus = [{', '.join(parts)}]"
+    if is_ascii_digits(text.strip()):
+        return f"write the count without quotes: gpus = {text.strip()}"
+    return suggest(text, ["auto"]) or 'use a count (gpus = 4), "auto", or GPU indices (gpus = [0, 2])'
 
 
 def expect_nproc(src: Reporter, key: str, value: object) -> NprocSpec:

@@ -37,9 +37,10 @@ from inventory.model import (
     local_inventory,
 )
 from inventory.slurm import SlurmSpec, read_slurm
+from inventory.sync import SyncSpec, read_sync
 from inventory.tomlsource import FlagReporter, Reporter, TomlFile, read_toml, toml_files_in
 
-JOB_FILE_KEYS = ("inventory", "job", "rendezvous", "env", "slurm")
+JOB_FILE_KEYS = ("inventory", "job", "rendezvous", "env", "slurm", "sync")
 JOB_KEYS = ("name", "script", "module", "args", "nproc_per_node", "hosts")
 RENDEZVOUS_KEYS = ("master_addr", "master_port", "backend", "join_timeout")
 MAX_JOIN_TIMEOUT_S = 86400
@@ -119,7 +120,10 @@ def load_job(path: Path, overrides: JobOverrides | None = None) -> Job:
                         "remove master_addr (or run it over SSH with --backend ssh)", value=spec.master_addr)
     if slurm is not None:
         _check_slurm_nproc(doc, spec.nproc, slurm)
-    if entry.script is not None and (slurm is None or (slurm.login is None and slurm.workdir is None)):
+    sync = _sync(doc, base_dir)
+    if entry.script is not None and sync is not None:
+        _check_script(doc, entry.script, base_dir, (LOCALHOST,))  # it goes to the hosts from here
+    elif entry.script is not None and (slurm is None or (slurm.login is None and slurm.workdir is None)):
         _check_script(doc, entry.script, base_dir, spec.hosts if slurm is None else (LOCALHOST,))
     return Job(
         name=name,
@@ -134,6 +138,7 @@ def load_job(path: Path, overrides: JobOverrides | None = None) -> Job:
         source=path,
         base_dir=base_dir,
         slurm=slurm,
+        sync=sync,
     )
 
 
@@ -154,6 +159,12 @@ def _slurm(doc: TomlFile, backend: str | None) -> SlurmSpec | None:
     if "slurm" in doc.data:
         return read_slurm(doc, "slurm", expect_table(doc, "slurm", doc.data["slurm"]))
     return SlurmSpec() if backend == "slurm" else None
+
+
+def _sync(doc: TomlFile, base_dir: Path) -> SyncSpec | None:
+    if "sync" not in doc.data:
+        return None
+    return read_sync(doc, "sync", expect_table(doc, "sync", doc.data["sync"]), base_dir)
 
 
 def _job_inventory(doc: TomlFile, base_dir: Path) -> Inventory:

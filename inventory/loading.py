@@ -19,6 +19,7 @@ from inventory.fields import (
     expect_table,
     expect_token,
 )
+from inventory.gpus import VISIBLE, same_devices, show, visible_devices
 from inventory.hostfile import load_hostfile
 from inventory.hostrange import expand_hostnames, is_range_pattern
 from inventory.model import GpuSpec, Host, Inventory
@@ -124,6 +125,7 @@ def _hosts_of_entry(
     doc: TomlFile, prefix: str, entry: dict[str, Any], defaults: HostSettings
 ) -> list[Host]:
     settings = read_settings(doc, prefix, entry, HOST_KEYS).over(defaults)
+    _check_gpu_env(doc, prefix, entry, settings)
     if "name" not in entry:
         raise doc.key_error(
             prefix, "host entry has no name", 'add name = "node0" (a range like "node[0-3]" works)'
@@ -133,6 +135,26 @@ def _hosts_of_entry(
     return [
         _make_host(name, address, settings) for name, address in zip(names, addresses, strict=True)
     ]
+
+
+def _check_gpu_env(doc: TomlFile, prefix: str, entry: dict[str, Any], settings: HostSettings) -> None:
+    """`gpus = [0, 2]` and an env CUDA_VISIBLE_DEVICES naming other GPUs, given at one level (the
+    host's entry, or [defaults]), or the env the more specific: an error at the selection. A host's
+    own selection wins over a CUDA_VISIBLE_DEVICES in [defaults].env, as its keys do."""
+    value = settings.env.get(VISIBLE)
+    if not isinstance(settings.gpus, tuple) or value is None or same_devices(value, settings.gpus):
+        return
+    own_env = entry.get("env")
+    env_here = isinstance(own_env, dict) and VISIBLE in own_env
+    if "gpus" in entry and not env_here:
+        return
+    env_key = join_key(prefix if env_here else "defaults", f"env.{VISIBLE}")
+    raise doc.error(
+        join_key(prefix if "gpus" in entry else "defaults", "gpus"),
+        f'gpus = {show(settings.gpus)} selects other GPUs than {env_key} = "{value}"',
+        f"remove {env_key}: ddpctl sets CUDA_VISIBLE_DEVICES={visible_devices(settings.gpus)} "
+        "from gpus (or remove gpus to set it yourself)",
+    )
 
 
 def _expand(doc: TomlFile, key: str, value: object) -> list[str]:

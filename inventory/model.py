@@ -11,9 +11,10 @@ from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
     from inventory.slurm import SlurmSpec
+    from inventory.sync import SyncSpec
 
 NprocSpec = int | Literal["gpu", "cpu", "auto"]
-GpuSpec = int | Literal["auto"]
+GpuSpec = int | Literal["auto"] | tuple[int, ...]  # a count, "auto", or selected GPU indices
 
 LOCAL_ADDRESSES = frozenset({"localhost", "127.0.0.1", "::1"})
 
@@ -87,6 +88,7 @@ class Job:
     source: Path | None = None  # the job file
     base_dir: Path = field(default_factory=Path.cwd)  # directory of the job file
     slurm: SlurmSpec | None = None  # set: the job runs on Slurm ([slurm] or --backend slurm)
+    sync: SyncSpec | None = None  # set: the source is copied to every host before it runs ([sync])
 
     @property
     def backend(self) -> Literal["ssh", "slurm"]:
@@ -111,7 +113,16 @@ class Job:
         host = self.inventory.get(addr)
         return host.address if host is not None else addr
 
+    def sync_root(self, host: Host) -> str:
+        """Where [sync] puts the host's copy of the source (requires `sync`)."""
+        assert self.sync is not None
+        return self.sync.root_for(host.workdir)
+
     def workdir_for(self, host: Host) -> str:
+        """The directory the job runs in on `host`: with [sync], the job file's directory inside
+        the host's copy; else the host's workdir, else the job file's (shared filesystem)."""
+        if self.sync is not None:
+            return self.sync.job_dir_in(self.sync_root(host), self.base_dir)
         return host.workdir if host.workdir is not None else str(self.base_dir)
 
 

@@ -26,6 +26,9 @@ OPS: Dict[str, str] = {
     "stacks": "node_agent.stacks:dump",
     "follow": "node_agent.follow:follow",
     "slurm_check": "node_agent.slurm_probe:check",
+    "authorize_key": "node_agent.authkeys:authorize_key",
+    "manifest": "node_agent.syncdest:manifest",
+    "unpack": "node_agent.syncdest:unpack",
 }
 
 

@@ -22,8 +22,9 @@ from typing import Any, BinaryIO, Callable, Dict, List, Optional, Tuple
 
 from node_agent import factparse
 from node_agent.ports import find_owners
+from node_agent.procfs import proc_user, user_name
 from node_agent.protocol import emit_event
-from node_agent.runstate import job_is_supervised
+from node_agent.runstate import job_is_supervised, proc_job_id
 from node_agent.torch_facts import fact_torch
 
 CMD_TIMEOUT_S = 10.0
@@ -82,7 +83,15 @@ def fact_gpus(req: Dict[str, Any]) -> Optional[Dict[str, Any]]:
     apps = factparse.parse_nvidia_apps(run(["nvidia-smi", "--query-compute-apps=gpu_uuid,pid,"
                                             "process_name,used_memory",
                                             "--format=csv,noheader,nounits"]))
-    return {"gpus": gpus, "apps": apps}
+    for app in apps:
+        app.update(gpu_app_owner(int(app["pid"])))
+    return {"gpus": gpus, "apps": apps, "user": user_name(os.getuid())}
+
+
+def gpu_app_owner(pid: int) -> Dict[str, Any]:
+    """Whose a GPU process is: its user and ddpctl job id, each None where this host's /proc does
+    not show it (a pid of another container's namespace; another user's environment)."""
+    return {"user": proc_user(pid), "ddpctl_job_id": proc_job_id(pid)}
 
 
 def _sys_class_net() -> List[Dict[str, Any]]:
@@ -169,7 +178,7 @@ def fact_master_port(req: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def fact_script(req: Dict[str, Any]) -> Dict[str, Any]:
-    path = Path(str(req["workdir"])) / str(req["script"])
+    path = Path(str(req["workdir"])).expanduser() / str(req["script"])
     if not path.is_file():
         return {"path": str(path), "exists": False}
     digest = hashlib.sha256()
@@ -181,7 +190,7 @@ def fact_script(req: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def fact_workdir(req: Dict[str, Any]) -> Dict[str, Any]:
-    workdir = str(req.get("workdir") or "")
+    workdir = os.path.expanduser(str(req.get("workdir") or ""))
     if not workdir or not os.path.isdir(workdir):
         return {"path": workdir, "exists": False}
     usage = shutil.disk_usage(workdir)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pwd
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional
@@ -84,6 +85,22 @@ def proc_environ(pid: int) -> Dict[str, str]:
         if sep:
             env[key.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
     return env
+
+
+def user_name(uid: int) -> str:
+    """The login name of a uid (the number as text where the password database has none)."""
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+def proc_user(pid: int) -> Optional[str]:
+    """The user a process runs as, or None when this host's /proc has no such process."""
+    try:
+        return user_name(Path("/proc/%d" % pid).stat().st_uid)
+    except OSError:
+        return None
 
 
 def alive(pid: int) -> bool:

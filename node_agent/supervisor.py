@@ -278,6 +278,8 @@ def _daemonize(request: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def supervise(request: Dict[str, Any], control: BinaryIO) -> Dict[str, Any]:
+    if request.get("cwd"):  # "~/proj" (a [sync] dest) is the login's home here, as in a shell
+        request["cwd"] = os.path.expanduser(str(request["cwd"]))
     cwd = request.get("cwd")
     if cwd and not os.path.isdir(cwd):
         emit_event("error", message="workdir %s does not exist on %s" % (cwd, socket.gethostname()))

@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from orchestrator import __version__
-from orchestrator.commands import doctor, kill_port, lifecycle, stacks, up
+from orchestrator.commands import doctor, kill_port, lifecycle, ssh_setup, stacks, sync, up
 
 app = typer.Typer(
     name="ddpctl",
@@ -39,6 +39,8 @@ app.command("ps")(lifecycle.ps_command)
 app.command("down")(lifecycle.down_command)
 app.command("logs")(lifecycle.logs_command)
 app.command("stacks")(stacks.stacks_command)
+app.command("ssh-setup")(ssh_setup.ssh_setup_command)
+app.command("sync")(sync.sync_command)
 
 
 def main() -> None:

@@ -14,11 +14,14 @@ class HostErrorKind(str, enum.Enum):
     CHANGED_HOST_KEY = "changed_host_key"
     AUTH = "auth"  # keys were offered and refused: passwordless SSH not set up for them
     NO_KEY = "no_key"  # no key to offer: no IdentityFile, ssh-agent key or default key found
+    WRONG_PASSWORD = "wrong_password"  # a password login (ssh-setup) was refused
+    PASSWORD_DISABLED = "password_disabled"  # sshd allows no password login for this user
     TIMEOUT = "timeout"  # a command ran past its deadline
     LOST = "lost"  # the connection died while a command ran
     AGENT = "agent"  # the node agent could not run or answered garbage
     PROTOCOL = "protocol"
     SLURM = "slurm"  # a Slurm command is missing or refused the request
+    SYNC = "sync"  # copying the job's source to the host failed
 
 
 @dataclass

@@ -6,12 +6,13 @@ import atexit
 import ipaddress
 import json
 import os
+import pwd
 import re
 import secrets
 import signal
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,6 +51,14 @@ MAX_PREFIX_LEN = 10  # "<prefix>-v99" must fit Linux's 15-character interface na
 MAX_HOSTS = 99
 # Runs argv under a fresh UTS namespace with the host's hostname ($1); argv is never a string.
 _HOSTNAME_EXEC = 'hostname "$1" && shift && exec "$@"'
+# A host without a shared filesystem: in its own mount namespace, a fresh tmpfs over /srv that
+# holds root's home ($4: the host's own passwd says so) and the test user's ($2, owned by uid $3);
+# then as _HOSTNAME_EXEC. /root stays shared: this machine's Python may live there (pyenv).
+_PRIVATE_EXEC = ('mount -t tmpfs -o mode=0755 ddpctl-srv /srv && mkdir -m 0700 "$4" && '
+                 'mkdir -p "$2" && chown "$3:$3" "$2" && hostname "$1" && shift 4 && exec "$@"')
+TEST_USER = "ddpuser"
+TEST_HOME = f"/srv/home/{TEST_USER}"
+ROOT_HOME = "/srv/root"  # root's home on a private host
 
 
 @dataclass(frozen=True)
@@ -63,6 +72,10 @@ class ClusterHost:
     sshd_pid_file: Path
     sshd_config: Path
     sshd_log: Path
+    # Its own mount namespace: /srv is a private tmpfs, seen by no other host nor by this machine,
+    # holding root's home (ROOT_HOME) and the test user's (TEST_USER, home TEST_HOME).
+    private: bool = False
+    password_login: bool = False  # the test user may log in with its password
 
 
 @dataclass
@@ -74,6 +87,8 @@ class Cluster:
     network: ipaddress.IPv4Network
     hosts: list[ClusterHost]
     port: int = 22
+    test_password: str = field(default_factory=lambda: f"pw {secrets.token_hex(8)} $;'\"")
+    test_uid: int = 0
     _hostnames: list[str] = field(default_factory=list)
     _unlisted: set[int] = field(default_factory=set)  # hosts whose hostname /etc/hosts leaves out
     _auth_files: list[Path] = field(default_factory=list)
@@ -118,6 +133,19 @@ class Cluster:
         """The hostname host `i` reports (its inventory name unless `set_hostname` changed it)."""
         return self._hostnames[i]
 
+    @property
+    def test_user(self) -> str:
+        return TEST_USER
+
+    @property
+    def test_home(self) -> str:
+        return TEST_HOME
+
+    @property
+    def root_home(self) -> str:
+        """root's home on a private host (elsewhere: /root, this machine's)."""
+        return ROOT_HOME
+
     def ssh_argv(self, i: int, *remote: str) -> list[str]:
         """OpenSSH client argv that runs `remote` on host `i` (remote words are joined by ssh)."""
         return ["ssh", "-F", str(self.ssh_config), self.hosts[i].name, *remote]
@@ -155,6 +183,10 @@ class Cluster:
         files.write_hosts_toml(self.hosts_toml, [(h.name, h.address) for h in self.hosts],
                                sys.executable)
         self._write_name_resolution()
+        for h in self.hosts:
+            if h.private:
+                files.write_user_db(NETNS_ETC / h.netns, TEST_USER, self.test_uid, TEST_HOME,
+                                    self.test_password, ROOT_HOME)
 
     def _write_name_resolution(self) -> None:
         """Each host resolves every host's name, as a real cluster does (c10d and gloo look their
@@ -172,11 +204,16 @@ class Cluster:
     def _sshd_argv(self, i: int) -> list[str]:
         h = self.hosts[i]
         files.write_sshd_config(h.sshd_config, h.address, self.port, self.host_key,
-                                h.sshd_pid_file, self._auth_files[i])
+                                h.sshd_pid_file, self._auth_files[i],
+                                TEST_USER if h.private else None, h.password_login)
         h.sshd_pid_file.unlink(missing_ok=True)
+        sshd = [str(which("sshd")), "-f", str(h.sshd_config), "-E", str(h.sshd_log)]
+        if h.private:
+            return ["ip", "netns", "exec", h.netns, "unshare", "--uts", "--mount",
+                    "--propagation", "private", "sh", "-c", _PRIVATE_EXEC, "sh",
+                    self._hostnames[i], TEST_HOME, str(self.test_uid), ROOT_HOME, *sshd]
         return ["ip", "netns", "exec", h.netns, "unshare", "--uts", "sh", "-c", _HOSTNAME_EXEC,
-                "sh", self._hostnames[i], str(which("sshd")), "-f", str(h.sshd_config),
-                "-E", str(h.sshd_log)]
+                "sh", self._hostnames[i], *sshd]
 
     def _start_sshds(self, indices: Sequence[int]) -> None:
         run_all([self._sshd_argv(i) for i in indices], [None] * len(indices))
@@ -233,7 +270,8 @@ class Cluster:
         self._stop_sshd(i)
 
     def start_sshd(self, i: int) -> None:
-        """(Re)start host `i`'s sshd with its current hostname and authorized keys."""
+        """(Re)start host `i`'s sshd with its current hostname and authorized keys (a private
+        host comes back with empty private directories, as after a reboot)."""
         self._stop_sshd(i)
         self._start_sshds([i])
 
@@ -269,6 +307,12 @@ class Cluster:
         run(["ip", "link", "set", self.hosts[i].veth, "up"])
 
     def _ns_argv(self, i: int, argv: Sequence[str]) -> list[str]:
+        h = self.hosts[i]
+        if h.private:  # join the namespaces of its sshd: its network, hostname and mounts
+            pid = self._sshd_pid(h)
+            if pid is None:
+                raise ClusterError(f"{h.name} has no sshd running: its private mounts are gone")
+            return ["nsenter", "-t", str(pid), "-m", "-u", "-n", "--", *argv]
         return ["ip", "netns", "exec", self.hosts[i].netns, "unshare", "--uts", "sh", "-c",
                 _HOSTNAME_EXEC, "sh", self._hostnames[i], *argv]
 
@@ -340,17 +384,25 @@ def _teardown_live() -> None:
         except ClusterError as err:
             print(f"warning: {err}", file=sys.stderr)
 
+def _free_uid() -> int:
+    """A uid (and gid) that no user or group of this machine has."""
+    taken = {u.pw_uid for u in pwd.getpwall()} | {u.pw_gid for u in pwd.getpwall()}
+    return next(uid for uid in range(61000, 65000) if uid not in taken)
+
+
 def _plan(prefix: str, workdir: Path, n: int, network: ipaddress.IPv4Network,
-          port: int) -> Cluster:
+          port: int, private: Collection[int], password_login: Collection[int]) -> Cluster:
     hosts = [
         ClusterHost(name=f"node{i}", address=str(network.network_address + 10 + i),
                     netns=f"{prefix}-n{i}", veth=f"{prefix}-v{i}",
                     sshd_pid_file=workdir / f"sshd.node{i}.pid",
                     sshd_config=workdir / f"sshd_config.node{i}",
-                    sshd_log=workdir / f"sshd.node{i}.log")
+                    sshd_log=workdir / f"sshd.node{i}.log",
+                    private=i in private, password_login=i in password_login)
         for i in range(n)
     ]
-    cluster = Cluster(prefix=prefix, workdir=workdir, network=network, hosts=hosts, port=port)
+    cluster = Cluster(prefix=prefix, workdir=workdir, network=network, hosts=hosts, port=port,
+                      test_uid=_free_uid() if private else 0)
     cluster._hostnames = [h.name for h in hosts]
     cluster._auth_files = [cluster.authorized_keys] * n
     return cluster
@@ -365,9 +417,15 @@ def _register(cluster: Cluster) -> None:
     _LIVE[id(cluster)] = cluster
 
 
-def _check_request(n: int, prefix: str, port: int) -> None:
+def _check_request(n: int, prefix: str, port: int, private: Collection[int],
+                   password_login: Collection[int]) -> None:
     if not 1 <= n <= MAX_HOSTS:
         raise ClusterError(f"start_cluster(n={n}): n must be between 1 and {MAX_HOSTS}")
+    if not set(private) <= set(range(n)):
+        raise ClusterError(f"private={sorted(private)}: hosts are 0..{n - 1}")
+    if not set(password_login) <= set(private):
+        raise ClusterError(f"password_login={sorted(password_login)}: only private hosts "
+                           f"(private={sorted(private)}) have the test user")
     if not (prefix.isascii() and prefix.isalnum() and len(prefix) <= MAX_PREFIX_LEN):
         raise ClusterError(f"prefix {prefix!r}: use at most {MAX_PREFIX_LEN} letters/digits")
     if not 1 <= port <= 65535:
@@ -388,8 +446,16 @@ def require_cluster() -> None:
     pytest.skip(reason)
 
 
-def start_cluster(n: int, workdir: Path, prefix: str | None = None, port: int = 22) -> Cluster:
+def start_cluster(n: int, workdir: Path, prefix: str | None = None, port: int = 22,
+                  private: bool | Collection[int] = False,
+                  password_login: Collection[int] = ()) -> Cluster:
     """Bring up `n` hosts node0..node{n-1}, each with its own namespace, address and sshd.
+
+    By default the hosts share this machine's filesystem (an NFS cluster). `private` (True: all,
+    or host indices) gives hosts their own mount namespace instead: /srv is a fresh tmpfs that
+    holds root's home there (/srv/root: its ~/.ssh/authorized_keys counts, besides the cluster
+    key) and the test user `ddpuser`'s (/srv/home/ddpuser, no key authorized);
+    `password_login` (indices of private hosts) lets both log in with `cluster.test_password`.
 
     Writes hosts.toml, ssh_config, known_hosts and the key pair into `workdir`. Use it as a
     context manager (`with start_cluster(2, d) as c:`) or call `teardown()`; an atexit hook
@@ -399,13 +465,14 @@ def start_cluster(n: int, workdir: Path, prefix: str | None = None, port: int = 
     if reason is not None:
         raise ClusterError(reason)
     prefix = prefix or f"dd{secrets.token_hex(2)}"
-    _check_request(n, prefix, port)
+    private = set(range(n)) if private is True else set(private or ())
+    _check_request(n, prefix, port, private, password_login)
     workdir = Path(workdir).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
     with registry_lock():
         reap_stale_clusters()
-        cluster = _plan(prefix, workdir, n, pick_network(), port)
+        cluster = _plan(prefix, workdir, n, pick_network(), port, private, set(password_login))
         _register(cluster)
         try:
             cluster._create_network()

@@ -28,20 +28,36 @@ def make_keys(client_key: Path, host_key: Path) -> None:
 
 
 def write_sshd_config(path: Path, address: str, port: int, host_key: Path, pid_file: Path,
-                      authorized_keys: Path) -> None:
-    """One host's sshd_config. No AcceptEnv: the client's environment never crosses over."""
+                      authorized_keys: Path, test_user: str | None = None,
+                      password_login: bool = False) -> None:
+    """One host's sshd_config. No AcceptEnv: the client's environment never crosses over.
+
+    root logs in with the cluster key (`authorized_keys`). A host with a `test_user` (a private
+    one) also reads root's own ~/.ssh/authorized_keys (its home is private there); the test user
+    only its own. Where `password_login`, both may also log in with their password (UsePAM no:
+    sshd checks the host's /etc/shadow itself).
+    """
+    password = "yes" if password_login else "no"
+    keys = _quoted(authorized_keys) + (" .ssh/authorized_keys" if test_user is not None else "")
+    user_block = [] if test_user is None else [
+        f"Match User {test_user}",
+        "    AuthorizedKeysFile .ssh/authorized_keys",
+        f"    PasswordAuthentication {password}",
+        "Match User root",
+        f"    PasswordAuthentication {password}",
+    ]
     path.write_text(
         "\n".join([
             f"ListenAddress {address}",
             f"Port {port}",
             f"HostKey {_quoted(host_key)}",
             f"PidFile {_quoted(pid_file)}",
-            f"AuthorizedKeysFile {_quoted(authorized_keys)}",
+            f"AuthorizedKeysFile {keys}",
             "StrictModes no",
             "PubkeyAuthentication yes",
             "PasswordAuthentication no",
             "KbdInteractiveAuthentication no",
-            "PermitRootLogin prohibit-password",
+            f"PermitRootLogin {'yes' if password_login else 'prohibit-password'}",
             "UsePAM no",
             "UseDNS no",
             "MaxStartups 200",
@@ -49,9 +65,30 @@ def write_sshd_config(path: Path, address: str, port: int, host_key: Path, pid_f
             "PrintMotd no",
             "X11Forwarding no",
             "Subsystem sftp internal-sftp",
+            *user_block,
             "",
         ])
     )
+
+
+def write_user_db(etc: Path, user: str, uid: int, home: str, password: str, root_home: str) -> None:
+    """passwd/shadow/group for one host (`ip netns exec` mounts <etc>/* over /etc/*): this
+    machine's own, with root's home moved to `root_home`, plus `user`; both have `password`
+    (a SHA-512 crypt, made by openssl from stdin; sshd_config says who may use it)."""
+    crypted = subprocess.run(["openssl", "passwd", "-6", "-stdin"], input=password, check=True,
+                             capture_output=True, text=True).stdout.strip()
+    entries = {"passwd": f"{user}:x:{uid}:{uid}::{home}:/bin/sh\n",
+               "shadow": f"{user}:{crypted}:19000:0:99999:7:::\n",
+               "group": f"{user}:x:{uid}:\n"}
+    for name, line in entries.items():
+        target = etc / name
+        lines = Path("/etc", name).read_text().splitlines(keepends=True)
+        if name == "passwd":
+            lines = [_with_field(e, 5, root_home) if e.startswith("root:") else e for e in lines]
+        if name == "shadow":
+            lines = [_with_field(e, 1, crypted) if e.startswith("root:") else e for e in lines]
+        target.write_text("".join(lines) + line)
+        target.chmod(0o640 if name == "shadow" else 0o644)
 
 
 def write_known_hosts(path: Path, addresses: Sequence[str], port: int,
@@ -94,3 +131,9 @@ def write_hosts_toml(path: Path, hosts: Sequence[tuple[str, str]], python: str) 
     for name, address in hosts:
         lines += ["", "[[hosts]]", f"name = {json.dumps(name)}", f"address = {json.dumps(address)}"]
     path.write_text("\n".join(lines) + "\n")
+
+
+def _with_field(line: str, index: int, value: str) -> str:
+    fields = line.rstrip("\n").split(":")
+    fields[index] = value
+    return ":".join(fields) + "\n"

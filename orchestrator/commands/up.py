@@ -14,6 +14,7 @@ from rich.markup import escape
 from rich.text import Text
 
 from inventory import ConfigError, JobOverrides, NprocSpec, load_job, parse_env_assignment
+from inventory.gpus import show
 from inventory.slurm import node_hosts
 from orchestrator.commands.common import (
     AcceptNewOpt,
@@ -27,6 +28,7 @@ from orchestrator.commands.common import (
     err_console,
     handle_errors,
 )
+from orchestrator.commands.sync_view import SyncView
 from orchestrator.doctor.model import CheckStatus
 from orchestrator.doctor.render import finding_text, grouped
 from orchestrator.launch import core
@@ -38,6 +40,7 @@ from orchestrator.launch.plan import LaunchPlan, mask_env
 from orchestrator.launch.preflight import LAUNCH_CHECKS, ChecksFailed
 from orchestrator.launch.result import HostRun, HostState, RunResult
 from orchestrator.remote.pool import make_pool
+from orchestrator.sync.core import SyncEvent
 
 HOST_COLOURS = ["cyan", "magenta", "green", "yellow", "blue", "bright_red", "bright_cyan",
                 "bright_magenta", "bright_green", "bright_yellow"]
@@ -84,6 +87,7 @@ class Printer:
         self.width = max(len(h) for h in hosts)
         self.states: dict[str, HostRun] = {}
         self.live: Live | None = None
+        self.sync = SyncView(live=console.is_terminal)
 
     def __enter__(self) -> Printer:
         if console.is_terminal:
@@ -100,7 +104,7 @@ class Printer:
                 self._print_state(run)
 
     def status(self) -> Text:
-        text = Text()
+        text = self.sync.status()
         for name, run in self.states.items():
             code = f" {run.exit_code}" if run.exit_code is not None else ""
             text.append(f" {name} ", style=self.colour[name])
@@ -126,6 +130,11 @@ class Printer:
     def on_notice(self, text: str) -> None:
         notice(text)
 
+    def on_sync(self, event: SyncEvent) -> None:
+        line = self.sync.update(event)
+        if line is not None:
+            notice(line)
+
     def on_plan(self, plan: LaunchPlan, run_dir: Path) -> None:
         notice(plan_summary(plan, run_dir))
 
@@ -137,10 +146,16 @@ def notice(text: str) -> None:
 def print_dry_run(plan: LaunchPlan) -> None:
     console.print(f"job {plan.job.name} ({plan.job_id}): {len(plan.hosts)} host(s), world size "
                   f"{plan.world_size}, master {plan.master_addr}:{plan.master_port}", markup=False)
+    job = plan.job
+    if job.sync is not None:
+        roots = sorted({job.sync_root(hl.host) for hl in plan.hosts})
+        console.print(f"sync first: {job.sync.src} -> {', '.join(roots)} on every host (not run by a dry run; "
+                      f"`ddpctl sync {job.source or 'job.toml'} --dry-run` lists what would change)", markup=False)
     for hl in plan.hosts:
         where = "local" if hl.host.is_local else f"ssh {hl.host.address}"
+        gpus = f", gpus = {escape(show(hl.host.gpus))}" if isinstance(hl.host.gpus, tuple) else ""
         console.print(f"\n[bold]{escape(hl.host.name)}[/] (node_rank {hl.node_rank}, {escape(where)}, "
-                      f"cwd {escape(hl.cwd)})")
+                      f"cwd {escape(hl.cwd)}{gpus})")
         state = f"~/.ddpctl/runs/{plan.job_id}/node{hl.node_rank}"
         console.print("  command: " + hl.display(f"{state}/torchrun", f"{state}/rankwrap.py"), markup=False)
         for key, value in sorted(mask_env(hl.env).items()):
@@ -166,7 +181,8 @@ def print_dry_run_limits(plan: LaunchPlan, checks: bool) -> None:
     err_console.print(f"\nnot checked (a dry run does not contact the hosts for it): the pre-launch checks "
                       f"({', '.join(LAUNCH_CHECKS)}): master port reachable from every host, master_addr "
                       "and hostnames resolving, NCCL/GLOO_SOCKET_IFNAME, the script present, nproc against "
-                      f"CPUs/GPUs. `ddpctl doctor {plan.job.source or ''}` runs them.".replace(" .", "."),
+                      "CPUs/GPUs, selected GPUs present and free. "
+                      f"`ddpctl doctor {plan.job.source or ''}` runs them.".replace(" .", "."),
                       markup=False)
 
 
@@ -248,6 +264,8 @@ def up_command(
     nccl_debug: Annotated[bool, typer.Option(
         "--nccl-debug", help="NCCL_DEBUG=INFO to a per-host file; print the interface and transport "
         "NCCL chose.", rich_help_panel="Hangs")] = False,
+    no_sync: Annotated[bool, typer.Option(
+        "--no-sync", help="Do not copy the source to the hosts first, though the job file has [sync].")] = False,
     no_checks: Annotated[bool, typer.Option(
         "--no-checks", help="Skip the pre-launch checks (master port probe, names, interfaces, script).",
         rich_help_panel="Hangs")] = False,
@@ -269,7 +287,8 @@ def up_command(
     job = load_job(job_file, overrides)
     options = LaunchOptions(grace=grace, hang_timeout=hang_timeout, on_hang=on_hang.as_literal(),
                             dump_on_interrupt=dump_on_interrupt, nccl_debug=nccl_debug, free_port=free_port,
-                            runs_dir=runs_dir, checks=not no_checks, join_timeout=join_timeout)
+                            runs_dir=runs_dir, checks=not no_checks, join_timeout=join_timeout,
+                            sync=not no_sync)
     with make_pool(ssh_config, known_hosts, accept_new_host_keys, parallel, connect_timeout) as pool:
         runner = backend_for(pool, job)
         try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 from inventory import Inventory, Job
@@ -26,7 +27,16 @@ def from_job(job: Job, master_port: int | None = None, timeout_s: float = 120.0,
         rdzv_backend=job.rendezvous.backend,
         timeout_s=timeout_s,
         use_cache=use_cache,
+        sync_command=f"ddpctl sync {job.source or 'job.toml'}" if job.sync is not None else None,
+        script_sha256=_local_sha256(job.base_dir / job.script) if job.sync and job.script else None,
     )
+
+
+def _local_sha256(path: Path) -> str | None:
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return None
 
 
 def from_inventory(inventory: Inventory, master_port: int | None = None,

@@ -63,6 +63,10 @@ class DoctorContext:
     use_cache: bool = True  # hosts may reuse torch facts cached under an exact key
     session: str = "non-interactive SSH session"  # what runs the launch on a host (fixes name it)
     python_key: str = "python = \"/absolute/path/to/python\" for {host} in the inventory"
+    # The job has [sync]: the command that syncs it, and the SHA-256 of this machine's script
+    # (every host's copy must match it, not only each other).
+    sync_command: str | None = None
+    script_sha256: str | None = None
 
     def host_env(self, host: Host, host_facts_env: Mapping[str, str]) -> dict[str, str]:
         """The env a launched process sees: host env < inventory env < job env."""

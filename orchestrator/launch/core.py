@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from inventory import Job
+from orchestrator.errors import HostsFailed
 from orchestrator.launch.backends.base import Backend, DetachReport
 from orchestrator.launch.inline import InlineProgram
 from orchestrator.launch.observer import Observer
@@ -40,10 +41,28 @@ def run_plan(plan: LaunchPlan, backend: Backend, observer: Observer,
     return Supervision(plan, backend, observer, options.runs_dir / plan.job_id, options).run()
 
 
+def sync_code(job: Job, backend: Backend, observer: Observer, options: LaunchOptions) -> None:
+    """[sync] first, so the pre-launch checks already see every host's copy; a host that could
+    not be synced stops the launch before any rank starts."""
+    if job.sync is None:
+        return
+    if not options.sync:
+        observer.on_notice("[sync] skipped (--no-sync): the hosts run the copy they have")
+        return
+    report = backend.sync(job, options, observer.on_sync)
+    if report is None:
+        observer.on_notice(f"[sync] does not apply to the {backend.name} backend: its nodes share the "
+                           "cluster's filesystem")
+    elif not report.ok:
+        raise HostsFailed("sync", list(report.failed.values()))
+
+
 def launch(job: Job, backend: Backend, observer: Observer, options: LaunchOptions | None = None, *,
            inline: InlineProgram | None = None) -> RunResult:
-    """Pre-launch round trip, plan, start, supervise: the whole of `ddpctl up`."""
+    """Sync, pre-launch round trip, plan, start, supervise: the whole of `ddpctl up`."""
     options = options or LaunchOptions()
+    if inline is None:
+        sync_code(job, backend, observer, options)
     plan = plan_job(job, backend, options, settle=True, inline=inline, observer=observer)
     observer.on_plan(plan, options.runs_dir / plan.job_id)
     return run_plan(plan, backend, observer, options)
@@ -58,6 +77,7 @@ class Detached:
 def detach(job: Job, backend: Backend, observer: Observer, options: LaunchOptions | None = None) -> Detached:
     """Plan and start the job to run on without us; `ddpctl ps/logs/down` take over."""
     options = options or LaunchOptions()
+    sync_code(job, backend, observer, options)
     plan = plan_job(job, backend, options, settle=True, observer=observer)
     observer.on_plan(plan, options.runs_dir / plan.job_id)
     return Detached(plan, backend.detach(plan, options))

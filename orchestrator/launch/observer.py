@@ -8,6 +8,8 @@ from typing import Protocol
 
 from orchestrator.launch.plan import LaunchPlan
 from orchestrator.launch.result import HostRun, HostState
+from orchestrator.sync.core import HostSync, SyncEvent
+from orchestrator.sync.text import sync_line
 
 
 class Observer(Protocol):
@@ -23,6 +25,9 @@ class Observer(Protocol):
     def on_notice(self, text: str) -> None:
         """Something the user should know (a port freed, a failure, a stop)."""
 
+    def on_sync(self, event: SyncEvent) -> None:
+        """[sync] progress, before the plan: a host's changes planned, bytes sent, a host done."""
+
 
 @dataclass
 class Collected:
@@ -32,6 +37,7 @@ class Collected:
     notices: list[str] = field(default_factory=list)
     states: list[tuple[str, str]] = field(default_factory=list)
     plan: LaunchPlan | None = None
+    synced: list[HostSync] = field(default_factory=list)
 
     def on_plan(self, plan: LaunchPlan, run_dir: Path) -> None:
         self.plan = plan
@@ -44,6 +50,10 @@ class Collected:
 
     def on_notice(self, text: str) -> None:
         self.notices.append(text)
+
+    def on_sync(self, event: SyncEvent) -> None:
+        if isinstance(event, HostSync):
+            self.synced.append(event)
 
 
 class Plain:
@@ -61,6 +71,11 @@ class Plain:
 
     def on_notice(self, text: str) -> None:
         print(f"ddpctl: {text}", flush=True)
+
+    def on_sync(self, event: SyncEvent) -> None:
+        line = sync_line(event)
+        if line is not None:
+            print(f"ddpctl: {line}", flush=True)
 
 
 def plan_summary(plan: LaunchPlan, run_dir: Path) -> str:

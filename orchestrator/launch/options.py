@@ -20,5 +20,6 @@ class LaunchOptions:
     free_port: bool = False  # kill a non-ddpctl holder of the master port (--free-port)
     runs_dir: Path = Path("runs")  # run logs and summary.json go to runs_dir/<job id>/
     checks: bool = True  # the pre-launch checks (--no-checks turns them off)
+    sync: bool = True  # copy the source to the hosts first, where the job has [sync] (--no-sync)
     join_timeout: float | None = None  # ranks not all joined after this long: diagnose and stop
     # (None: the job file's [rendezvous] join_timeout; 0: no watchdog)

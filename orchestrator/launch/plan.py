@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from inventory import Host, Job
+from inventory.gpus import selection_env
 from orchestrator.launch.inline import InlineProgram
 
 SECRET_PATTERN = re.compile(r"TOKEN|KEY|PASSWORD|PASSWD|SECRET|CREDENTIAL", re.IGNORECASE)
@@ -104,7 +105,10 @@ def _bracket(addr: str) -> str:
 
 
 def host_env(job: Job, host: Host, job_id: str) -> dict[str, str]:
+    """Host env < job env; a host's `gpus = [0, 2]` then sets CUDA_VISIBLE_DEVICES (an explicit
+    one naming other GPUs is refused before: inventory.gpus)."""
     env = {**host.env, **job.env}
+    env.update(selection_env(host, env))
     env["DDPCTL_JOB_ID"] = job_id
     return env
 

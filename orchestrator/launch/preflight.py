@@ -6,10 +6,11 @@ holders of the master port are freed."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from inventory import ConfigError, Job
+from inventory.gpus import declared_gpus, selection
 from orchestrator.doctor.checks import run_checks
 from orchestrator.doctor.context import from_job
 from orchestrator.doctor.gather import close_all, open_sessions, run_probe
@@ -23,8 +24,11 @@ from orchestrator.remote.wire import HostFacts, parse_report
 LAUNCH_FACTS = ("cpu_count", "gpu_count", "python", "workdir", "master_port", "free_port")
 # What the pre-launch checks read, on top of LAUNCH_FACTS (no torch import: it costs seconds).
 CHECK_FACTS = ("script", "resolution", "interfaces", "env", "hostname_resolution")
-# Doctor's checks that predict a launch that fails or hangs at the rendezvous.
-LAUNCH_CHECKS = ("workdir", "nproc", "firewall", "dns", "ifname")
+# nvidia-smi's GPUs and their processes, read only when a host selects GPUs (`gpus = [0, 2]`): the
+# gpu check then judges the selection (indices that exist, GPUs another process uses).
+SELECTION_FACTS = ("gpus",)
+# Doctor's checks that predict a launch that fails or hangs at the rendezvous (gpu: a selection).
+LAUNCH_CHECKS = ("gpu", "workdir", "nproc", "firewall", "dns", "ifname")
 FACTS_TIMEOUT_S = 60.0
 
 
@@ -63,7 +67,7 @@ def gather(job: Job, pool: HostPool, checks: bool = True) -> Preflight:
     started = time.monotonic()
     ctx = from_job(job, timeout_s=FACTS_TIMEOUT_S)
     probe = checks and len(job.hosts) > 1
-    fan = open_sessions(pool, ctx, probe, LAUNCH_FACTS + (CHECK_FACTS if checks else ()))
+    fan = open_sessions(pool, ctx, probe, launch_facts(job, checks))
     gathered = time.monotonic()
     try:
         if fan.failed:
@@ -89,25 +93,55 @@ def gather(job: Job, pool: HostPool, checks: bool = True) -> Preflight:
     return pre
 
 
-def resolve_nprocs(job: Job, facts: dict[str, HostFacts]) -> dict[str, int]:
-    """nproc_per_node per host; "gpu" needs GPUs and equal counts, reported before launch."""
+def launch_facts(job: Job, checks: bool) -> tuple[str, ...]:
+    """The sub-facts the launch asks every host for: nvidia-smi only where a host selects GPUs."""
+    if not checks:
+        return LAUNCH_FACTS
+    selects = any(selection(h) is not None for h in job.hosts)
+    return LAUNCH_FACTS + CHECK_FACTS + (SELECTION_FACTS if selects else ())
+
+
+def resolve_nprocs(job: Job, facts: Mapping[str, HostFacts]) -> dict[str, int]:
+    """nproc_per_node per host; "gpu" needs GPUs and equal counts, reported before launch. A host's
+    GPUs are its selection (`gpus = [0, 2]`: 2), else its declared count, else those detected."""
+    gpus = {h.name: _first_known(declared_gpus(h), facts[h.name].gpu_count) for h in job.hosts}
+    return _per_host(job, gpus, {h.name: facts[h.name].cpu_count for h in job.hosts})
+
+
+def static_nprocs(job: Job) -> dict[str, int] | None:
+    """nproc_per_node per host where the job and the inventory alone decide it (an integer; "gpu"
+    or "auto" on hosts whose GPUs the inventory gives), so a dry run asks no host; else None."""
+    if isinstance(job.nproc_per_node, int):
+        return {h.name: job.nproc_per_node for h in job.hosts}
+    declared = {h.name: declared_gpus(h) for h in job.hosts}
+    gpus = {name: n for name, n in declared.items() if n is not None}
+    if job.nproc_per_node == "cpu" or len(gpus) < len(declared) or \
+            (job.nproc_per_node == "auto" and 0 in gpus.values()):
+        return None
+    return _per_host(job, gpus, {})
+
+
+def _first_known(declared: int | None, detected: int) -> int:
+    return declared if declared is not None else detected
+
+
+def _per_host(job: Job, gpus: Mapping[str, int], cpus: Mapping[str, int]) -> dict[str, int]:
     spec = job.nproc_per_node
     out: dict[str, int] = {}
     for host in job.hosts:
-        f = facts[host.name]
-        gpus = host.gpus if isinstance(host.gpus, int) else f.gpu_count
+        n = gpus[host.name]
         if isinstance(spec, int):
             out[host.name] = spec
         elif spec == "gpu":
-            if gpus < 1:
+            if n < 1:
                 raise ConfigError(f"nproc_per_node = \"gpu\" but {host.name} has no GPU",
                                   file=job.source, key="job.nproc_per_node",
                                   hint="use an integer or \"cpu\", or fix the host's GPUs (ddpctl doctor)")
-            out[host.name] = gpus
+            out[host.name] = n
         elif spec == "cpu":
-            out[host.name] = f.cpu_count
+            out[host.name] = cpus[host.name]
         else:  # auto
-            out[host.name] = gpus if gpus > 0 else f.cpu_count
+            out[host.name] = n if n > 0 else cpus[host.name]
     counts = sorted(set(out.values()))
     if spec == "gpu" and len(counts) > 1:
         detail = ", ".join(f"{h}={n}" for h, n in out.items())

@@ -4,15 +4,15 @@ parallel fan-out over hosts."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from inventory import ConfigError, Host
 from orchestrator.errors import HostError, HostErrorKind
-from orchestrator.remote.ssh import SshOptions, SshTransport
+from orchestrator.remote.ssh import RecordedHostKey, SshOptions, SshTransport
 from orchestrator.remote.ssh_config import load_ssh_config
 from orchestrator.remote.transport import LocalTransport, Transport
 
@@ -36,9 +36,11 @@ class FanOut(Generic[T]):
 class HostPool:
     """Opens each host's connection on first use and keeps it for every later command."""
 
-    def __init__(self, options: SshOptions | None = None, max_parallel: int = DEFAULT_PARALLEL) -> None:
+    def __init__(self, options: SshOptions | None = None, max_parallel: int = DEFAULT_PARALLEL,
+                 login: Callable[[Host], Mapping[str, Any]] | None = None) -> None:
         self.options = options or SshOptions()
         self.max_parallel = max(1, max_parallel)
+        self.login = login  # per host: connect kwargs replacing keys/agent (ssh-setup's logins)
         self._transports: dict[str, Transport] = {}
         self._lock = threading.Lock()
 
@@ -47,7 +49,8 @@ class HostPool:
             t = self._transports.get(host.name)
             if t is None:
                 t = LocalTransport(host) if host.is_local else SshTransport(
-                    host, self.options, load_ssh_config(self.options.ssh_config, host))
+                    host, self.options, load_ssh_config(self.options.ssh_config, host),
+                    self.login(host) if self.login else None)
                 self._transports[host.name] = t
             return t
 
@@ -87,10 +90,13 @@ class HostPool:
 
 
 def make_pool(ssh_config: Path | None, known_hosts: Sequence[Path] | None, accept_new: bool,
-              parallel: int = DEFAULT_PARALLEL, connect_timeout: float = 10.0) -> HostPool:
+              parallel: int = DEFAULT_PARALLEL, connect_timeout: float = 10.0, *,
+              login: Callable[[Host], Mapping[str, Any]] | None = None,
+              on_new_host_key: Callable[[RecordedHostKey], None] | None = None) -> HostPool:
     """A pool with the SSH options every command (and the Python API) takes."""
     if ssh_config is not None and not ssh_config.is_file():
         raise ConfigError(f"SSH config file {ssh_config} does not exist", key="--ssh-config")
     options = SshOptions(ssh_config=ssh_config, known_hosts=tuple(known_hosts or ()),
-                         accept_new_host_keys=accept_new, connect_timeout=connect_timeout)
-    return HostPool(options, max_parallel=parallel)
+                         accept_new_host_keys=accept_new, connect_timeout=connect_timeout,
+                         on_new_host_key=on_new_host_key)
+    return HostPool(options, max_parallel=parallel, login=login)

@@ -7,9 +7,10 @@ import contextlib
 import shlex
 import threading
 import time
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import fabric
 import paramiko
@@ -22,11 +23,24 @@ from orchestrator.remote.transport import CommandResult, LineQueue, OutputLine, 
 
 
 @dataclass(frozen=True)
+class RecordedHostKey:
+    """A host key that --accept-new-host-keys wrote to a known_hosts file."""
+
+    name: str  # the host (or ProxyJump hop) as ssh_config names it
+    known_as: str  # its known_hosts entry: the address, or [address]:port
+    key_type: str  # "ssh-ed25519"
+    fingerprint: str  # "SHA256:…", as OpenSSH prints it
+    file: Path
+
+
+@dataclass(frozen=True)
 class SshOptions:
     ssh_config: Path | None = None  # None: ~/.ssh/config and /etc/ssh/ssh_config
     known_hosts: tuple[Path, ...] = ()  # in addition to ssh_config's / ~/.ssh/known_hosts
     accept_new_host_keys: bool = False  # like StrictHostKeyChecking=accept-new
     connect_timeout: float = 10.0
+    # Told of every host key accept-new records (from the connecting threads).
+    on_new_host_key: Callable[[RecordedHostKey], None] | None = field(default=None, compare=False)
 
 
 class RejectUnknown(paramiko.MissingHostKeyPolicy):
@@ -41,8 +55,11 @@ class AcceptNew(paramiko.MissingHostKeyPolicy):
 
     _lock = threading.Lock()
 
-    def __init__(self, save_to: Path) -> None:
+    def __init__(self, save_to: Path, name: str = "",
+                 on_new: Callable[[RecordedHostKey], None] | None = None) -> None:
         self.save_to = save_to
+        self.name = name
+        self.on_new = on_new
 
     def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
         client.get_host_keys().add(hostname, key.get_name(), key)
@@ -50,6 +67,9 @@ class AcceptNew(paramiko.MissingHostKeyPolicy):
             self.save_to.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             with self.save_to.open("a") as f:
                 f.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
+        if self.on_new is not None:
+            self.on_new(RecordedHostKey(self.name or hostname, hostname, key.get_name(), key.fingerprint,
+                                        self.save_to))
 
 
 def _known_hosts_files(conn: fabric.Connection, options: SshOptions) -> list[Path]:
@@ -69,7 +89,7 @@ def _secure(conn: fabric.Connection, options: SshOptions) -> None:
         if f.exists():
             conn.client.load_host_keys(str(f))
     if options.accept_new_host_keys:
-        conn.client.set_missing_host_key_policy(AcceptNew(files[0]))
+        conn.client.set_missing_host_key_policy(AcceptNew(files[0], conn.original_host, options.on_new_host_key))
     else:
         conn.client.set_missing_host_key_policy(RejectUnknown())
     if isinstance(conn.gateway, fabric.Connection):
@@ -124,10 +144,12 @@ class SshRunning:
 class SshTransport:
     """Runs argv on one host over a single fabric connection, opened on first use, reused."""
 
-    def __init__(self, host: Host, options: SshOptions, ssh_config: paramiko.SSHConfig) -> None:
+    def __init__(self, host: Host, options: SshOptions, ssh_config: paramiko.SSHConfig,
+                 login: Mapping[str, Any] | None = None) -> None:
         self.host = host
         self.options = options
         self.ssh_config = ssh_config  # the user's ssh_config, looked up for this host (HostPool)
+        self._login = login  # connect kwargs that replace ssh_config's keys and the agent (ssh-setup)
         self._conn: fabric.Connection | None = None
         self._lock = threading.Lock()
 
@@ -135,6 +157,7 @@ class SshTransport:
         with self._lock:
             if self._conn is None or not self._conn.is_connected:
                 conn = make_connection(self.host, self.options, self.ssh_config)
+                conn.connect_kwargs.update(self._login or {})
                 try:
                     conn.open()
                 except Exception as exc:  # translated once, here, at the boundary

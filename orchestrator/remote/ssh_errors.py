@@ -89,6 +89,8 @@ def translate(host: Host, conn: fabric.Connection, exc: BaseException,
                          f"verify it, then: ssh-keyscan -p {d.port} {d.address} >> ~/.ssh/known_hosts "
                          "(or pass --accept-new-host-keys)")
     if _is_auth_failure(d.conn, exc):
+        if d.conn is conn and conn.connect_kwargs.get("password") is not None:
+            return _password_error(host, d, exc)
         return _auth_error(host, d, exc, ssh_config)
     return _network_error(host, d, exc) or HostError(
         host.name, HostErrorKind.PROTOCOL, f"{d.via}SSH to {d.where} ({d.name}) failed: {exc!r}",
@@ -127,6 +129,20 @@ def _auth_error(host: Host, d: _Dialled, exc: BaseException, ssh_config: Path | 
     return HostError(host.name, HostErrorKind.AUTH,
                      f"{d.via}{d.login}:{d.port} ({d.name}) refused every key offered: {keys}",
                      _refused_fix(d, offered))
+
+
+def _password_error(host: Host, d: _Dialled, exc: BaseException) -> HostError:
+    """A password login (ssh-setup's): not allowed for this user, or the password refused."""
+    if isinstance(exc, paramiko.BadAuthenticationType):
+        return HostError(host.name, HostErrorKind.PASSWORD_DISABLED,
+                         f"sshd at {d.where} ({d.name}) does not accept a password from {d.conn.user} (it "
+                         f"allows only {', '.join(exc.allowed_types) or 'nothing'})",
+                         f"authorize the key another way (the provider's console, or an account that can log "
+                         f"in), or allow it on {d.name}: PasswordAuthentication yes in /etc/ssh/sshd_config")
+    return HostError(host.name, HostErrorKind.WRONG_PASSWORD,
+                     f"{d.login}:{d.port} ({d.name}) refused the password",
+                     f"check the password of {d.login}, and that {d.conn.user} is the account to log in "
+                     "as (set user in the inventory); different passwords per host: --ask-each")
 
 
 def _no_key_fix(d: _Dialled, sources: list[KeySource], ssh_config: Path | None) -> str:

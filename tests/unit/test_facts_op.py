@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import pwd
 import socket
 import subprocess
 import sys
@@ -271,3 +272,31 @@ def test_gpu_count_without_the_driver_directory_asks_nvidia_smi(
 
     monkeypatch.setattr(facts, "run", fake_run)
     assert facts.fact_gpu_count({}) == expected
+
+
+def test_each_gpu_process_comes_with_its_user_and_ddpctl_job(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Recorded nvidia-smi output naming a real process of this machine (started with a job id) and a
+    pid this machine does not have (another container's): the first gets its user and job, the other
+    None for both."""
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE,
+                             env={**os.environ, "DDPCTL_JOB_ID": "other-job-1"})
+    gone = dead_pid()
+    outputs = {"--query-gpu": "0, GPU-a, NVIDIA H100 80GB HBM3, 81559, 2300\n"
+                              "1, GPU-b, NVIDIA H100 80GB HBM3, 81559, 0\n",
+               "--query-compute-apps": f"GPU-a, {child.pid}, /usr/bin/python3, 1200\nGPU-a, {gone}, python, 1100\n"}
+
+    def fake_run(argv: list[str], timeout: float = 0.0) -> str:
+        assert argv[0] == "nvidia-smi"
+        return outputs[argv[1].split("=")[0]]
+
+    monkeypatch.setattr(facts.shutil, "which", lambda name: f"/usr/bin/{name}")
+    monkeypatch.setattr(facts, "run", fake_run)
+    try:
+        got = facts.fact_gpus({})
+    finally:
+        child.communicate(b"", timeout=30)
+    me = pwd.getpwuid(os.getuid()).pw_name
+    assert got is not None and got["user"] == me
+    assert [g["index"] for g in got["gpus"]] == [0, 1]
+    assert [(a["pid"], a["user"], a["ddpctl_job_id"]) for a in got["apps"]] == [
+        (child.pid, me, "other-job-1"), (gone, None, None)]

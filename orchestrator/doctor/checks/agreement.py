@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from inventory.gpus import selection
 from orchestrator.doctor.checks.base import fail, majority, ok, torch_of, warn
 from orchestrator.doctor.model import Finding, Observations
 
@@ -29,7 +30,9 @@ def check_versions(obs: Observations) -> list[Finding]:
                               "; ".join(f"{h}={v}" for h, v in values.items()),
                               f"install {label} {common} on {host} (all hosts must match)"))
     if obs.ctx.nproc_per_node == "gpu":
-        counts = {h: len((hf.get("gpus") or {}).get("gpus") or []) for h, hf in obs.facts.items()}
+        chosen = {h.name: selection(h) for h in obs.ctx.hosts}  # a host's ranks see only its selection
+        counts = {h: len(chosen.get(h) or (hf.get("gpus") or {}).get("gpus") or [])
+                  for h, hf in obs.facts.items()}
         usual, odd = majority(counts)
         for host in odd:
             out.append(fail(VERSIONS, host, f"{host} has {counts[host]} GPU(s), the others "
@@ -57,6 +60,13 @@ def _disk(host: str, wd: dict[str, Any]) -> list[Finding]:
     return []
 
 
+def _copy_fix(obs: Observations, host: str, path: str) -> str:
+    if obs.ctx.sync_command:
+        return f"run `{obs.ctx.sync_command}` (ddpctl up syncs first too)"
+    return (f"add a [sync] table to the job file (ddpctl up then copies the code to every host), or copy "
+            f"it yourself: rsync -a ./ {host}:{path}/")
+
+
 def check_workdir(obs: Observations) -> list[Finding]:
     out: list[Finding] = []
     digests: dict[str, str] = {}
@@ -64,25 +74,29 @@ def check_workdir(obs: Observations) -> list[Finding]:
         wd = hf.get("workdir") or {}
         if not wd.get("exists"):
             out.append(fail(WORKDIR, host, f"workdir {wd.get('path')} does not exist on {host}",
-                            hf.errors.get("workdir", ""),
-                            f"create it and copy the code there (e.g. rsync -a ./ {host}:"
-                            f"{wd.get('path')}/), or set workdir for {host} in the inventory"))
+                            hf.errors.get("workdir", ""), _copy_fix(obs, host, str(wd.get("path")))
+                            + f", or set workdir for {host} in the inventory"))
             continue
         out += _disk(host, wd)
         script = hf.get("script")
         if obs.ctx.script and isinstance(script, dict):
             if not script.get("exists"):
                 out.append(fail(WORKDIR, host, f"script {script.get('path')} is missing on {host}",
-                                "", f"copy {obs.ctx.script} into {wd.get('path')} on {host}"))
+                                "", _copy_fix(obs, host, str(wd.get("path")))))
             else:
                 digests[host] = str(script.get("sha256"))
-    _common, odd = majority(digests)
+    local = obs.ctx.script_sha256
+    if local is not None:  # [sync]: this machine's copy is the reference
+        odd = [h for h, d in digests.items() if d != local]
+        whose = "this machine's copy (changed since the last sync?)"
+    else:
+        _common, odd = majority(digests)
+        whose = "the other hosts' copy (stale code?)"
     for host in odd:
-        out.append(warn(WORKDIR, host, f"{obs.ctx.script} on {host} differs from the other "
-                        "hosts' copy (stale code?)",
-                        "; ".join(f"{h}={d[:12]}" for h, d in digests.items()),
-                        f"sync the code to {host} (e.g. rsync -a ./ {host}:"
-                        f"{(obs.facts[host].get('workdir') or {}).get('path')}/)"))
+        detail = "; ".join(f"{h}={d[:12]}" for h, d in digests.items())
+        out.append(warn(WORKDIR, host, f"{obs.ctx.script} on {host} differs from {whose}",
+                        detail + (f"; here={local[:12]}" if local else ""),
+                        _copy_fix(obs, host, str((obs.facts[host].get("workdir") or {}).get("path")))))
     bad = {f.host for f in out if f.status.rank >= 3}
     good = [h for h in obs.facts if h not in bad]
     same = f", {obs.ctx.script} identical on all hosts" if digests and not odd else ""

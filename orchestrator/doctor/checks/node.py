@@ -1,10 +1,14 @@
-"""Check 2: the inventory's interpreter, torch on it, and the GPUs (busy ones included)."""
+"""Check 2: the inventory's interpreter, torch on it, and the GPUs (busy ones, and a host's selection)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
+from inventory.gpus import selection, show
+from inventory.model import Host
 from orchestrator.doctor.checks.base import fail, info, listing, ok, torch_of, warn
+from orchestrator.doctor.checks.selection import busy_apps, selection_findings
 from orchestrator.doctor.model import DoctorContext, Finding, Observations
 from orchestrator.remote.wire import HostFacts
 
@@ -35,36 +39,45 @@ def python_findings(name: str, hf: HostFacts, ctx: DoctorContext) -> list[Findin
                f"interpreter {py.get('found')}")]
 
 
-def _busy(gpus: list[dict[str, Any]], apps: list[dict[str, Any]]) -> list[str]:
-    index = {g.get("uuid"): g.get("index") for g in gpus}
-    return [f"GPU {index.get(a.get('gpu_uuid'), '?')}: pid {a.get('pid')} {a.get('name')} "
-            f"({a.get('used_memory_mib') or 0:.0f} MiB)" for a in apps]
-
-
-def gpu_findings(name: str, hf: HostFacts, wants_gpu: bool) -> list[Finding]:
+def gpu_findings(name: str, hf: HostFacts, wants_gpu: bool, host: Host | None = None,
+                 job_env: Mapping[str, str] | None = None) -> list[Finding]:
+    """nvidia-smi's GPUs, and the host's selection where it has one (`gpus = [0, 2]`). Nothing
+    where nvidia-smi was not asked (a launch whose hosts select no GPUs)."""
+    if "gpus" not in hf.facts and "gpus" not in hf.errors:
+        return []
     smi = hf.get("gpus")
-    t = torch_of(hf)
+    selected = selection(host) if host is not None else None
     if hf.errors.get("gpus"):
-        return [warn(GPU, name, "nvidia-smi failed", hf.errors["gpus"],
+        unchecked = f" (gpus = {show(selected)} not checked)" if selected is not None else ""
+        return [warn(GPU, name, "nvidia-smi failed" + unchecked, hf.errors["gpus"],
                      f"run nvidia-smi on {name}; reinstall or reload the NVIDIA driver")]
-    if not smi or not smi.get("gpus"):
+    if host is not None and selected is not None:
+        out = selection_findings(host, selected, hf, job_env or {})
+    elif not smi or not smi.get("gpus"):
         if wants_gpu:
             return [fail(GPU, name, 'nproc_per_node = "gpu" but no NVIDIA GPU was found',
                          "nvidia-smi: " + ("not installed" if smi is None else "no GPUs"),
                          "set an integer nproc_per_node, or remove this host from the job")]
         return [info(GPU, name, "no NVIDIA GPU: CPU training (gloo) only")]
-    gpus, apps = smi["gpus"], smi.get("apps") or []
-    models = sorted({f"{g.get('name')} ({g.get('memory_total_mib') or 0:.0f} MiB)" for g in gpus})
-    out = [ok(GPU, name, f"{len(gpus)} GPU(s): {listing(models)}")]
-    if t.get("importable") and not t.get("cuda_available"):
+    else:
+        out = _all_gpus(name, smi)
+    t = torch_of(hf)
+    if smi and smi.get("gpus") and t.get("importable") and not t.get("cuda_available"):
         out.append(warn(GPU, name, f"torch {t.get('version')} cannot use the GPUs "
                         "(CPU build or CUDA unavailable)", str(t.get("cuda_error", "")),
                         "install a CUDA build of torch that matches the driver"))
-    busy = _busy(gpus, apps)
+    return out
+
+
+def _all_gpus(name: str, smi: Mapping[str, Any]) -> list[Finding]:
+    gpus = smi["gpus"]
+    models = sorted({f"{g.get('name')} ({g.get('memory_total_mib') or 0:.0f} MiB)" for g in gpus})
+    out = [ok(GPU, name, f"{len(gpus)} GPU(s): {listing(models)}")]
+    busy = busy_apps(smi)
     if busy:
         out.append(warn(GPU, name, f"{len(busy)} process(es) already use GPUs on {name}",
-                        "; ".join(busy), "stop them, or restrict the job with "
-                        "CUDA_VISIBLE_DEVICES in [env]"))
+                        "; ".join(busy), "stop them, or select free GPUs with "
+                        f"gpus = [...] for {name} in the inventory"))
     return out
 
 
@@ -77,9 +90,10 @@ def check_python(obs: Observations) -> list[Finding]:
 
 def check_gpu(obs: Observations) -> list[Finding]:
     wants_gpu = obs.ctx.nproc_per_node == "gpu"
+    hosts = {h.name: h for h in obs.ctx.hosts}
     out: list[Finding] = []
     for name, hf in obs.facts.items():
-        out += gpu_findings(name, hf, wants_gpu)
+        out += gpu_findings(name, hf, wants_gpu, hosts.get(name), obs.ctx.env)
     return out
 
 
@@ -87,13 +101,16 @@ NPROC = "nproc"
 OVERSUBSCRIBED = 4  # more CPU ranks than this many per CPU is a typo, not a plan
 
 
-def nproc_findings(name: str, hf: HostFacts, spec: object) -> list[Finding]:
-    """nproc_per_node against the host's CPUs and GPUs ("gpu"/"cpu"/"auto" resolve to them)."""
+def nproc_findings(name: str, hf: HostFacts, spec: object, host: Host | None = None) -> list[Finding]:
+    """nproc_per_node against the host's CPUs and GPUs ("gpu"/"cpu"/"auto" resolve to them; where
+    the host selects GPUs, its ranks see only those)."""
     if "cpu_count" not in hf.facts:
         return []
     cpus = hf.cpu_count
     gpus = hf.gpu_count if "gpu_count" in hf.facts else len((hf.get("gpus") or {}).get("gpus") or [])
-    evidence = f"{cpus} CPU(s), {gpus} GPU(s)"
+    selected = selection(host) if host is not None else None
+    gpus = len(selected) if selected is not None else gpus
+    evidence = f"{cpus} CPU(s), {gpus} GPU(s)" + (f" (gpus = {show(selected)})" if selected else "")
     if not isinstance(spec, int):
         n = {"gpu": gpus, "cpu": cpus}.get(str(spec), gpus or cpus)
         return [ok(NPROC, name, f"{n} rank(s) (nproc_per_node = {spec}) on {evidence}")] if n else []
@@ -111,7 +128,8 @@ def nproc_findings(name: str, hf: HostFacts, spec: object) -> list[Finding]:
 
 
 def check_nproc(obs: Observations) -> list[Finding]:
+    hosts = {h.name: h for h in obs.ctx.hosts}
     out: list[Finding] = []
     for name, hf in obs.facts.items():
-        out += nproc_findings(name, hf, obs.ctx.nproc_per_node)
+        out += nproc_findings(name, hf, obs.ctx.nproc_per_node, hosts.get(name))
     return out

@@ -19,6 +19,7 @@ from orchestrator.hostops.stacks import StacksReport
 from orchestrator.launch.events import BackendEvent
 from orchestrator.launch.options import LaunchOptions
 from orchestrator.launch.plan import HostLaunch, LaunchPlan
+from orchestrator.sync.core import Progress, SyncReport
 
 Emit = Callable[[BackendEvent], None]
 
@@ -58,6 +59,10 @@ def supervise_request(plan: LaunchPlan, launch: HostLaunch, options: LaunchOptio
 
 class Backend(Protocol):
     name: str
+
+    def sync(self, job: Job, options: LaunchOptions, progress: Progress) -> SyncReport | None:
+        """Copy the job's source ([sync]) to every node before anything else (never the runs
+        directory); None: the backend's nodes see this machine's files already."""
 
     def resolve(self, job: Job, options: LaunchOptions, notice: Notice, settle: bool) -> Resolved:
         """nproc per node and the master port. `settle` False (dry run): look, never change a host."""

@@ -46,6 +46,7 @@ from orchestrator.remote.pool import HostPool
 from orchestrator.remote.slurm import QueuedJob, node_script, on_every_node, slurm_client
 from orchestrator.remote.transport import OutputLine
 from orchestrator.remote.wire import parse_rank_phase, parse_supervise
+from orchestrator.sync.core import Progress, SyncReport
 
 POLL_S = 1.0  # squeue, while the job runs
 STACKS_TIMEOUT_S = 120.0  # py-spy on every node of the job, together
@@ -110,6 +111,9 @@ class SlurmBackend:
         self.node_names: dict[str, str] = {}  # node0.. -> the Slurm node it ran on (last run)
 
     # -- before launch ----------------------------------------------------------------------
+    def sync(self, job: Job, options: LaunchOptions, progress: Progress) -> SyncReport | None:
+        return None  # a Slurm cluster's nodes share its filesystem: the job's directory is there
+
     def resolve(self, job: Job, options: LaunchOptions, notice: Notice, settle: bool) -> Resolved:
         hosts = node_hosts(job, self.spec)
         port = job.rendezvous.master_port

@@ -9,6 +9,7 @@ import threading
 from collections.abc import Sequence
 
 from inventory import Job
+from inventory.gpus import check_job_env
 from orchestrator.doctor.context import from_job
 from orchestrator.doctor.gather import close_all, open_sessions, run_probe
 from orchestrator.doctor.model import ProbeResults
@@ -18,11 +19,12 @@ from orchestrator.launch.backends.base import DetachReport, Emit, Notice, Resolv
 from orchestrator.launch.events import Alive, Exited, Lost, Milestone, Output, Problem, Reported, Started
 from orchestrator.launch.options import LaunchOptions
 from orchestrator.launch.plan import HostLaunch, LaunchPlan
-from orchestrator.launch.preflight import gather, resolve_nprocs, settle_master_port
+from orchestrator.launch.preflight import gather, resolve_nprocs, settle_master_port, static_nprocs
 from orchestrator.remote.agent import AgentEvent, AgentResult, AgentStream, call_agent, start_agent
 from orchestrator.remote.pool import HostPool
 from orchestrator.remote.transport import OutputLine, Transport
 from orchestrator.remote.wire import parse_detached, parse_rank_phase, parse_supervise
+from orchestrator.sync.core import Progress, SyncReport, sync_job
 
 HEARTBEAT_EVERY = 2.0  # each node's supervisor ends its job after LOST_AFTER without one
 REPROBE_TIMEOUT_S = 20.0  # the watchdog's re-probe: each host's session must open within this
@@ -41,10 +43,15 @@ class SshBackend:
         self.closed = threading.Event()
 
     # -- before launch ----------------------------------------------------------------------
+    def sync(self, job: Job, options: LaunchOptions, progress: Progress) -> SyncReport | None:
+        return sync_job(job, self.pool, progress, keep_out=(options.runs_dir,))
+
     def resolve(self, job: Job, options: LaunchOptions, notice: Notice, settle: bool) -> Resolved:
+        check_job_env(job)  # a CUDA_VISIBLE_DEVICES against a host's gpus selection: before any host
         port = job.rendezvous.master_port
-        if not settle and isinstance(job.nproc_per_node, int) and isinstance(port, int):
-            return Resolved({h.name: job.nproc_per_node for h in job.hosts}, port)  # a dry run needs no host
+        static = static_nprocs(job) if not settle and isinstance(port, int) else None
+        if static is not None and isinstance(port, int):
+            return Resolved(static, port)  # a dry run needs no host
         pre = gather(job, self.pool, checks=settle and options.checks)
         if pre.findings:
             took = ", ".join(f"{k.removesuffix('_s')} {v:.2f}s" for k, v in pre.phases.items())

@@ -1,0 +1,159 @@
+"""`ddpctl sync` and the first step of `up` with [sync]: scan the source once, list every host's
+copy with the node agent (one round trip), send only what differs, in parallel over the hosts'
+SSH connections. Progress goes to a callback; the outcome is a SyncReport (host -> result or
+error: partial failure is data)."""
+
+from __future__ import annotations
+
+import tarfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import paramiko
+
+from inventory import ConfigError, Host, Job
+from orchestrator.errors import HostError, HostErrorKind
+from orchestrator.remote.agent import call_agent
+from orchestrator.remote.pool import HostPool
+from orchestrator.remote.transport import Transport
+from orchestrator.sync.diff import Changes, Manifest, diff
+from orchestrator.sync.source import SourceTree, scan
+from orchestrator.sync.transfer import Bundles, apply, sink_for
+
+MANIFEST_TIMEOUT_S = 300.0  # a checksum listing reads every file of the copy
+UNPACK_TIMEOUT_S = 600.0  # writing a first copy of a large project on a slow disk
+
+
+@dataclass(frozen=True)
+class SyncPlanned:
+    host: str
+    root: str  # the host's copy, absolute
+    changes: Changes
+
+
+@dataclass(frozen=True)
+class SyncSent:
+    host: str
+    path: str
+    nbytes: int  # of the files' contents, since the last SyncSent of this host
+    files: int = 0  # files that have now landed (0 while one is on its way)
+
+
+@dataclass(frozen=True)
+class HostSync:
+    host: str
+    root: str
+    changes: Changes
+    removed_dirs: int = 0
+    duration_s: float = 0.0
+    dry_run: bool = False
+
+    def to_json(self) -> dict[str, object]:
+        c = self.changes
+        return {"host": self.host, "root": self.root, "dry_run": self.dry_run, "sent": list(c.send),
+                "sent_bytes": c.send_bytes, "removed": list(c.remove), "chmod": list(c.chmod),
+                "new_dirs": list(c.mkdirs), "removed_dirs": self.removed_dirs, "unchanged": c.unchanged,
+                "duration_s": round(self.duration_s, 3)}
+
+
+SyncEvent = SyncPlanned | SyncSent | HostSync
+Progress = Callable[[SyncEvent], None]
+
+
+@dataclass
+class SyncReport:
+    source: Path
+    files: int  # in the source, after exclusions
+    total_bytes: int
+    skipped_links: list[str] = field(default_factory=list)
+    synced: dict[str, HostSync] = field(default_factory=dict)
+    failed: dict[str, HostError] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed
+
+    def to_json(self) -> dict[str, object]:
+        return {"source": str(self.source), "files": self.files, "bytes": self.total_bytes,
+                "skipped_links": self.skipped_links, "ok": self.ok,
+                "hosts": {name: r.to_json() for name, r in self.synced.items()},
+                "failed": {name: e.to_json() for name, e in self.failed.items()}}
+
+
+def _ignore(_event: SyncEvent) -> None:
+    return None
+
+
+def _check_entrypoint(job: Job, tree: SourceTree) -> None:
+    """The job's script must be among the files sent, or every host would run a stale copy."""
+    if job.script is None or job.sync is None:
+        return
+    path = (job.base_dir / job.script).resolve()
+    try:
+        rel = path.relative_to(job.sync.src).as_posix()
+    except ValueError:
+        raise ConfigError(f"job.script {path} is outside the sync source {job.sync.src}", file=job.source,
+                          key="sync.src", hint="set [sync] src to a directory that holds the script") from None
+    if rel not in tree.files:
+        raise ConfigError(f"job.script {rel} is left out of the sync by exclude or .gitignore", file=job.source,
+                          key="sync.exclude", hint="remove the pattern that matches it (or add a ! rule "
+                          "to the .gitignore)")
+
+
+def sync_job(job: Job, pool: HostPool, progress: Progress | None = None, *, dry_run: bool = False,
+             hosts: tuple[Host, ...] | None = None, keep_out: tuple[Path, ...] = ()) -> SyncReport:
+    """Make every host's copy match the source (`dry_run`: only say what would change).
+    `keep_out`: local directories inside the source that never go (ddpctl's runs directory)."""
+    spec = job.sync
+    if spec is None:
+        raise ConfigError("the job file has no [sync] table", file=job.source, key="sync",
+                          hint='add  [sync]  (the job file\'s directory goes to every host), '
+                               'e.g. with  exclude = ["data/"]')
+    tell = progress or _ignore
+    tree = scan(spec, keep_out)
+    _check_entrypoint(job, tree)
+    report = SyncReport(spec.src, len(tree.files), tree.total_bytes, list(tree.skipped_links))
+    bundles = Bundles(tree)
+
+    def one(transport: Transport) -> HostSync:
+        host = transport.host
+        started = time.monotonic()
+        reply = call_agent(transport, "manifest", {"root": job.sync_root(host), "create": not dry_run,
+                                                   "checksum": spec.checksum}, timeout=MANIFEST_TIMEOUT_S)
+        if reply.result.get("error"):
+            raise HostError(host.name, HostErrorKind.SYNC, str(reply.result["error"]),
+                            f"set workdir for {host.name} (or [sync] dest) to a directory")
+        remote = Manifest.from_reply(reply.result)
+        same_dir = host.is_local and Path(remote.root).resolve() == spec.src
+        changes = Changes(unchanged=len(tree.files)) if same_dir else diff(tree, remote, spec.delete, spec.checksum)
+        tell(SyncPlanned(host.name, remote.root, changes))
+        removed_dirs = 0
+        if not dry_run and not changes.empty:
+            def unpack(archive: str) -> int:
+                landed = call_agent(transport, "unpack", {"root": remote.root, "archive": archive},
+                                    timeout=UNPACK_TIMEOUT_S)
+                return int(landed.result.get("files") or 0)
+
+            def sent(rel: str, nbytes: int, files: int) -> None:
+                tell(SyncSent(host.name, rel, nbytes, files))
+
+            sink = sink_for(transport, remote.root)
+            try:
+                removed_dirs = apply(changes, tree, sink, sent, bundles, unpack)
+            except (OSError, paramiko.SSHException, EOFError, tarfile.TarError) as exc:
+                raise HostError(host.name, HostErrorKind.SYNC, f"copying to {remote.root} failed: {exc}",
+                                f"check that {remote.root} on {host.name} is writable and has space") from None
+            finally:
+                sink.close()
+        done = HostSync(host.name, remote.root, changes, removed_dirs, time.monotonic() - started, dry_run)
+        tell(done)
+        return done
+
+    try:
+        fan = pool.map(hosts if hosts is not None else job.hosts, one)
+    finally:
+        bundles.close()
+    report.synced, report.failed = fan.succeeded, fan.failed
+    return report
