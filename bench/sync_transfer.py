@@ -76,6 +76,32 @@ def median(runs: int, before: Callable[[], None], timed: Callable[[], float]) ->
     return statistics.median(times)
 
 
+def measure(n: int, files: int, mib: int, runs: int) -> tuple[float, float, float, float]:
+    """first copy, tar over ssh, nothing changed, one file changed: medians, on n private hosts."""
+    with tempfile.TemporaryDirectory() as d, start_cluster(n, Path(d) / "cluster", private=True) as cluster:
+        src = Path(d) / "proj"
+        src.mkdir()
+        make_project(src, files, mib)
+        (src / "hosts.toml").write_text(cluster.hosts_toml.read_text())
+        job = src / "job.toml"
+
+        def wipe() -> None:
+            for i in range(n):
+                cluster.run_in(i, ["rm", "-rf", DEST, f"{DEST}-manual"])
+
+        first = median(runs, wipe, lambda: ddpctl_sync(cluster, job))
+        manual = median(runs, wipe, lambda: tar_over_ssh(cluster, src))
+        ddpctl_sync(cluster, job)
+        same = median(runs, lambda: None, lambda: ddpctl_sync(cluster, job))
+        counter = iter(range(10**6))
+
+        def touch_one() -> None:
+            (src / "pkg0" / "mod0.py").write_text(f"X = {next(counter)}\n")
+
+        one = median(runs, touch_one, lambda: ddpctl_sync(cluster, job))
+    return first, manual, same, one
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="1,4")
@@ -86,29 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"project: {opts.files} small files + {opts.mb} MiB in 4 files; median of {opts.runs}")
     print(f"{'hosts':>5} {'first copy':>11} {'tar|ssh':>9} {'no change':>10} {'1 changed':>10}")
     for n in (int(x) for x in opts.sizes.split(",")):
-        with tempfile.TemporaryDirectory() as d, \
-                start_cluster(n, Path(d) / "cluster", private=True) as cluster:
-            src = Path(d) / "proj"
-            src.mkdir()
-            make_project(src, opts.files, opts.mb)
-            (src / "hosts.toml").write_text(cluster.hosts_toml.read_text())
-            job = src / "job.toml"
-
-            def wipe() -> None:
-                for i in range(n):
-                    cluster.run_in(i, ["rm", "-rf", DEST, f"{DEST}-manual"])
-
-            first = median(opts.runs, wipe, lambda: ddpctl_sync(cluster, job))
-            manual = median(opts.runs, wipe, lambda: tar_over_ssh(cluster, src))
-            ddpctl_sync(cluster, job)
-            same = median(opts.runs, lambda: None, lambda: ddpctl_sync(cluster, job))
-            counter = iter(range(10**6))
-
-            def touch_one() -> None:
-                (src / "pkg0" / "mod0.py").write_text(f"X = {next(counter)}\n")
-
-            one = median(opts.runs, touch_one, lambda: ddpctl_sync(cluster, job))
-            print(f"{n:>5} {first:>10.2f}s {manual:>8.2f}s {same:>9.2f}s {one:>9.2f}s", flush=True)
+        first, manual, same, one = measure(n, opts.files, opts.mb, opts.runs)
+        print(f"{n:>5} {first:>10.2f}s {manual:>8.2f}s {same:>9.2f}s {one:>9.2f}s", flush=True)
     return 0
 
 

@@ -85,7 +85,7 @@ def unpack(request: Dict[str, Any], control: BinaryIO) -> Dict[str, Any]:
                     raise ValueError("bundle member %r is not a regular file" % member.name)
                 target = _inside(root, member.name)
                 head, name = os.path.split(target)
-                tmp = os.path.join(head, ".%s.ddpctl-unpack" % name)
+                tmp = os.path.join(head, ".%s.ddpctl-%d" % (name, os.getpid()))  # hosts may share a disk
                 source = tar.extractfile(member)
                 assert source is not None
                 try:

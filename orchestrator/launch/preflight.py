@@ -87,7 +87,7 @@ def gather(job: Job, pool: HostPool, checks: bool = True) -> Preflight:
         if not hf.python_found:
             raise HostError(host.name, HostErrorKind.AGENT, f"interpreter {host.python} not found",
                             f"install torch there or set python = ... for {host.name} in the inventory")
-        if not hf.workdir_exists:
+        if not hf.workdir_exists and job.sync is None:  # with [sync], a launch has made it by now
             raise HostError(host.name, HostErrorKind.AGENT, f"workdir {job.workdir_for(host)} does not exist",
                             "create it (or sync the code there) or set workdir in the inventory")
     return pre

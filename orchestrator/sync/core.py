@@ -13,7 +13,7 @@ from pathlib import Path
 
 import paramiko
 
-from inventory import ConfigError, Host, Job
+from inventory import ConfigError, Job
 from orchestrator.errors import HostError, HostErrorKind
 from orchestrator.remote.agent import call_agent
 from orchestrator.remote.pool import HostPool
@@ -103,7 +103,7 @@ def _check_entrypoint(job: Job, tree: SourceTree) -> None:
 
 
 def sync_job(job: Job, pool: HostPool, progress: Progress | None = None, *, dry_run: bool = False,
-             hosts: tuple[Host, ...] | None = None, keep_out: tuple[Path, ...] = ()) -> SyncReport:
+             keep_out: tuple[Path, ...] = ()) -> SyncReport:
     """Make every host's copy match the source (`dry_run`: only say what would change).
     `keep_out`: local directories inside the source that never go (ddpctl's runs directory)."""
     spec = job.sync
@@ -152,7 +152,7 @@ def sync_job(job: Job, pool: HostPool, progress: Progress | None = None, *, dry_
         return done
 
     try:
-        fan = pool.map(hosts if hosts is not None else job.hosts, one)
+        fan = pool.map(job.hosts, one)
     finally:
         bundles.close()
     report.synced, report.failed = fan.succeeded, fan.failed

@@ -306,3 +306,22 @@ def test_unpack_refuses_members_outside_the_root_and_always_removes_the_archive(
     with pytest.raises(ValueError, match="outside"):
         unpack({"root": str(root), "archive": "../elsewhere.tar"}, None)  # type: ignore[arg-type]
     assert sorted(p.name for p in root.rglob("*")) == ["x", "y.txt"]
+
+
+def test_the_terminal_view_counts_files_and_bytes_per_host_and_prints_done_lines(tmp_path: Path) -> None:
+    from orchestrator.commands.sync_view import SyncView
+    from orchestrator.sync.core import SyncSent
+    from orchestrator.sync.diff import Changes
+
+    changes = Changes(send=("a", "b", "c"), send_bytes=3 << 20, unchanged=2)
+    live = SyncView(live=True)
+    assert live.update(SyncPlanned("n0", "/r", changes)) is None  # the live line shows it
+    live.update(SyncSent("n0", "a", 1 << 20, 0))
+    live.update(SyncSent("n0", "a", 0, 1))
+    assert "1/3 files 1.0 MiB/3.0 MiB" in live.status().plain
+    done = live.update(HostSync("n0", "/r", changes, 0, 1.5))
+    assert done == "sync n0: 3 files (3.0 MiB) sent, 2 unchanged in 1.5s (/r)"
+    assert live.status().plain == ""  # a finished host leaves the live line
+    plain = SyncView(live=False)
+    assert plain.update(SyncPlanned("n0", "/r", changes)) == "sync n0: 3 files (3.0 MiB) to send, 0 to remove -> /r"
+    assert plain.update(SyncPlanned("n1", "/r", Changes(unchanged=5))) is None  # "up to date" comes when done

@@ -107,3 +107,19 @@ def test_bad_key_in_job_file_exits_2_naming_file_and_key(tmp_path: Path) -> None
     assert out.exit_code == 2
     assert "job.toml" in out.output and "nproc_per_node" in out.output
     assert "Traceback" not in out.output
+
+
+def test_dry_run_of_a_synced_job_names_the_copy_and_needs_none_yet(tmp_path: Path) -> None:
+    """A dry run before the first sync: the hosts (this machine here) have no copy yet, and that
+    is fine (nproc "cpu" makes it ask the host); it says where the copy goes and how to see it."""
+    (tmp_path / "train.py").write_text("")
+    (tmp_path / "hosts.toml").write_text(
+        f'[[hosts]]\nname = "me"\naddress = "127.0.0.1"\nworkdir = "{tmp_path / "not-yet"}"\n')
+    job = tmp_path / "job.toml"
+    job.write_text('inventory = "hosts.toml"\n[job]\nscript = "train.py"\nnproc_per_node = "cpu"\n[sync]\n')
+    out = runner.invoke(app, ["up", str(job), "--dry-run"])
+    assert out.exit_code == 0, out.output
+    assert f"sync first: {tmp_path} -> {tmp_path / 'not-yet'} on every host" in out.output
+    assert f"ddpctl sync {job} --dry-run" in out.output
+    assert f"cwd {tmp_path / 'not-yet'}" in out.output
+    assert not (tmp_path / "not-yet").exists()  # a dry run copies nothing
