@@ -39,7 +39,7 @@ from orchestrator.remote.slurm import ACTIVE_STATES, QueuedJob, SlurmClient, slu
 
 JobArg = Annotated[str, typer.Argument(help="A job id (or name), or the job.toml it was started from.")]
 BackendOpt = Annotated[BackendChoice | None, typer.Option(
-    "--backend", help="slurm: jobs submitted to Slurm (default: a job.toml with [slurm] says so; else ssh).")]
+    "--backend", help="slurm: jobs submitted to Slurm (default: a job.toml with \\[slurm] says so; else ssh).")]
 LoginOpt = Annotated[str | None, typer.Option(
     "--login", help="With --backend slurm: run Slurm's commands on this login node over SSH.")]
 

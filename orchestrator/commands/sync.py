@@ -32,7 +32,7 @@ from orchestrator.sync.text import count_text, size_text
 
 @handle_errors
 def sync_command(
-    job_file: Annotated[Path, typer.Argument(help="The job file; its [sync] table says what goes where.",
+    job_file: Annotated[Path, typer.Argument(help="The job file; its \\[sync] table says what goes where.",
                                              show_default=False)],
     hosts: Annotated[str | None, typer.Option("--hosts", help="Comma-separated subset of the job's hosts.")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="List what would change on each host; change "

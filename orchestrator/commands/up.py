@@ -246,7 +246,7 @@ def up_command(
     hosts: Annotated[str | None, typer.Option("--hosts", help="Comma-separated subset, in node-rank order.")] = None,
     backend: Annotated[BackendChoice | None, typer.Option(
         "--backend", help="ssh (the inventory's hosts) or slurm (sbatch); default: slurm when the job "
-        "file has a [slurm] table.")] = None,
+        "file has a \\[slurm] table.")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print each host's command and env; run nothing.")] = False,
     detach: Annotated[bool, typer.Option("--detach", help="Start and return; see ddpctl ps/logs/down.")] = False,
     free_port: Annotated[bool, typer.Option(
@@ -265,7 +265,7 @@ def up_command(
         "--nccl-debug", help="NCCL_DEBUG=INFO to a per-host file; print the interface and transport "
         "NCCL chose.", rich_help_panel="Hangs")] = False,
     no_sync: Annotated[bool, typer.Option(
-        "--no-sync", help="Do not copy the source to the hosts first, though the job file has [sync].")] = False,
+        "--no-sync", help="Do not copy the source to the hosts first, though the job file has \\[sync].")] = False,
     no_checks: Annotated[bool, typer.Option(
         "--no-checks", help="Skip the pre-launch checks (master port probe, names, interfaces, script).",
         rich_help_panel="Hangs")] = False,

@@ -123,3 +123,12 @@ def test_dry_run_of_a_synced_job_names_the_copy_and_needs_none_yet(tmp_path: Pat
     assert f"ddpctl sync {job} --dry-run" in out.output
     assert f"cwd {tmp_path / 'not-yet'}" in out.output
     assert not (tmp_path / "not-yet").exists()  # a dry run copies nothing
+
+
+def test_help_texts_keep_their_table_names() -> None:
+    """rich reads "[sync]" in a help string as markup and drops it unless it is escaped."""
+    wide = {"COLUMNS": "200"}
+    assert "its [sync] table says what goes where" in runner.invoke(app, ["sync", "--help"], env=wide).output
+    up_help = runner.invoke(app, ["up", "--help"], env=wide).output
+    assert "though the job file has [sync]" in up_help and "[slurm] table" in up_help
+    assert "a job.toml with [slurm] says so" in runner.invoke(app, ["ps", "--help"], env=wide).output
