@@ -67,6 +67,13 @@ def expect_table(src: Reporter, key: str, value: object) -> dict[str, Any]:
     return value
 
 
+def expect_bool(src: Reporter, key: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise src.error(key, f"expected true or false, got {describe(value)}", "write true or false",
+                        value=value)
+    return value
+
+
 def expect_str(src: Reporter, key: str, value: object) -> str:
     """A non-empty string; numbers and booleans get a 'quote it' hint."""
     if not isinstance(value, str):

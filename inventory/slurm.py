@@ -6,7 +6,14 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from inventory.fields import check_keys, describe, expect_int, expect_str, expect_str_list, expect_token
+from inventory.fields import (
+    check_keys,
+    expect_bool,
+    expect_int,
+    expect_str,
+    expect_str_list,
+    expect_token,
+)
 from inventory.model import Host, Job
 from inventory.tomlsource import Reporter
 
@@ -104,7 +111,7 @@ def read_slurm(src: Reporter, key: str, table: dict[str, Any]) -> SlurmSpec:
                            enumerate(expect_str_list(src, k("extra_sbatch"), table.get("extra_sbatch", [])))),
         setup=tuple(_one_line(src, f"{k('setup')}[{i}]", line) for i, line in
                     enumerate(expect_str_list(src, k("setup"), table.get("setup", [])))),
-        requeue=_bool(src, k("requeue"), table.get("requeue", False)),
+        requeue=expect_bool(src, k("requeue"), table.get("requeue", False)),
         signal=_signal(src, k("signal"), table["signal"]) if "signal" in table else DEFAULT_SIGNAL,
         login=token("login"),
         workdir=expect_str(src, k("workdir"), table["workdir"]) if "workdir" in table else None,
@@ -112,13 +119,6 @@ def read_slurm(src: Reporter, key: str, table: dict[str, Any]) -> SlurmSpec:
     if spec.python != spec.python.strip() or "\n" in spec.python:
         raise src.error(k("python"), "python has surrounding whitespace or a newline", value=spec.python)
     return spec
-
-
-def _bool(src: Reporter, key: str, value: object) -> bool:
-    if not isinstance(value, bool):
-        raise src.error(key, f"expected true or false, got {describe(value)}", "write true or false",
-                        value=value)
-    return value
 
 
 def _time(src: Reporter, key: str, value: object) -> str:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pathspec
 
-from inventory.fields import check_keys, describe, expect_str, expect_str_list
+from inventory.fields import check_keys, expect_bool, expect_str, expect_str_list
 from inventory.tomlsource import Reporter
 
 SYNC_KEYS = ("src", "dest", "delete", "exclude", "gitignore", "checksum")
@@ -65,9 +65,9 @@ def read_sync(src: Reporter, key: str, table: dict[str, Any], base_dir: Path) ->
     patterns = expect_str_list(src, k("exclude"), table.get("exclude", []))
     for i, pattern in enumerate(patterns):
         _check_pattern(src, f"{k('exclude')}[{i}]", pattern)
-    return SyncSpec(src=source, dest=dest, delete=_bool(src, k("delete"), table.get("delete", True)),
-                    exclude=tuple(patterns), gitignore=_bool(src, k("gitignore"), table.get("gitignore", True)),
-                    checksum=_bool(src, k("checksum"), table.get("checksum", False)))
+    return SyncSpec(src=source, dest=dest, delete=expect_bool(src, k("delete"), table.get("delete", True)),
+                    exclude=tuple(patterns), gitignore=expect_bool(src, k("gitignore"), table.get("gitignore", True)),
+                    checksum=expect_bool(src, k("checksum"), table.get("checksum", False)))
 
 
 def _check_pattern(src: Reporter, key: str, pattern: str) -> None:
@@ -79,10 +79,3 @@ def _check_pattern(src: Reporter, key: str, pattern: str) -> None:
     except ValueError as err:
         raise src.error(key, f'"{pattern}" is not a .gitignore pattern: {err}',
                         'write e.g. "data/", "*.ckpt" or "/outputs"', value=pattern) from None
-
-
-def _bool(src: Reporter, key: str, value: object) -> bool:
-    if not isinstance(value, bool):
-        raise src.error(key, f"expected true or false, got {describe(value)}", "write true or false",
-                        value=value)
-    return value

@@ -7,7 +7,6 @@ the sub-facts to run (the launch asks for a few); without it, doctor's whole set
 
 from __future__ import annotations
 
-import hashlib
 import os
 import platform
 import resource
@@ -25,6 +24,7 @@ from node_agent.ports import find_owners
 from node_agent.procfs import proc_user, user_name
 from node_agent.protocol import emit_event
 from node_agent.runstate import job_is_supervised, proc_job_id
+from node_agent.syncdest import sha256_of
 from node_agent.torch_facts import fact_torch
 
 CMD_TIMEOUT_S = 10.0
@@ -181,11 +181,7 @@ def fact_script(req: Dict[str, Any]) -> Dict[str, Any]:
     path = Path(str(req["workdir"])).expanduser() / str(req["script"])
     if not path.is_file():
         return {"path": str(path), "exists": False}
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return {"path": str(path), "exists": True, "sha256": digest.hexdigest(),
+    return {"path": str(path), "exists": True, "sha256": sha256_of(str(path)),
             "size": path.stat().st_size}
 
 

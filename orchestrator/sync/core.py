@@ -126,8 +126,7 @@ def sync_job(job: Job, pool: HostPool, progress: Progress | None = None, *, dry_
             raise HostError(host.name, HostErrorKind.SYNC, str(reply.result["error"]),
                             f"set workdir for {host.name} (or [sync] dest) to a directory")
         remote = Manifest.from_reply(reply.result)
-        same_dir = host.is_local and Path(remote.root).resolve() == spec.src
-        changes = Changes(unchanged=len(tree.files)) if same_dir else diff(tree, remote, spec.delete, spec.checksum)
+        changes = diff(tree, remote, spec.delete, spec.checksum)
         tell(SyncPlanned(host.name, remote.root, changes))
         removed_dirs = 0
         if not dry_run and not changes.empty:

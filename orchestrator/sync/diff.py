@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,8 +48,9 @@ def _ancestors_skipped(tree: SourceTree, rel: str) -> bool:
 
 
 def _kept(tree: SourceTree, rel: str, is_dir: bool) -> bool:
-    """An extra path on the host that the filters protect (an excluded or ignored path)."""
-    return tree.filter.skips(rel, is_dir) or _ancestors_skipped(tree, rel)
+    """An extra path on the host that is not the sync's to remove: excluded or ignored, or one the
+    source holds without sending it (the host's copy may be the source itself)."""
+    return rel in tree.unsent or tree.filter.skips(rel, is_dir) or _ancestors_skipped(tree, rel)
 
 
 def diff(tree: SourceTree, remote: Manifest, delete: bool, checksum: bool) -> Changes:
@@ -82,8 +83,3 @@ def diff(tree: SourceTree, remote: Manifest, delete: bool, checksum: bool) -> Ch
         mkdirs=tuple(sorted((d for d in tree.dirs if d not in remote.dirs), key=lambda d: (d.count("/"), d))),
         rmdirs=tuple(rmdirs), send_bytes=sum(tree.files[r].size for r in send), unchanged=unchanged,
     )
-
-
-def missing_from(tree: SourceTree, paths: Sequence[str]) -> list[str]:
-    """Which of `paths` (relative to the source) the sync would not send."""
-    return [p for p in paths if p not in tree.files]

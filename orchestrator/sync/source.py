@@ -61,12 +61,15 @@ class SourceFile:
 
 @dataclass
 class SourceTree:
-    """What a host's copy must hold; `skipped_links` are symlinks to directories (not followed)."""
+    """What a host's copy must hold. `skipped_links` are symlinks to directories (not followed);
+    `unsent` are all the paths the source holds but does not send (those links, dangling links,
+    sockets, ...): a host's copy may be the source itself, so they are never removed there."""
 
     root: Path
     files: dict[str, SourceFile] = field(default_factory=dict)
     dirs: set[str] = field(default_factory=set)
     skipped_links: list[str] = field(default_factory=list)
+    unsent: set[str] = field(default_factory=set)
     filter: Filter = field(default_factory=lambda: Filter((), True))
     _digests: dict[str, str] = field(default_factory=dict)
 
@@ -117,6 +120,7 @@ def scan(spec: SyncSpec, keep_out: tuple[Path, ...] = ()) -> SourceTree:
                 continue
             if (here / name).is_symlink():
                 tree.skipped_links.append(rel)
+                tree.unsent.add(rel)
                 continue
             tree.dirs.add(rel)
             keep.append(name)
@@ -128,7 +132,10 @@ def scan(spec: SyncSpec, keep_out: tuple[Path, ...] = ()) -> SourceTree:
             try:
                 st = (here / name).stat()  # follows a link to a file
             except OSError:
-                continue  # a dangling link, or gone while we walked
+                tree.unsent.add(rel)  # a dangling link, or gone while we walked
+                continue
             if stat.S_ISREG(st.st_mode):
                 tree.files[rel] = SourceFile(here / name, st.st_size, int(st.st_mtime), stat.S_IMODE(st.st_mode))
+            else:
+                tree.unsent.add(rel)
     return tree

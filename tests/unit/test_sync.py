@@ -129,6 +129,20 @@ def test_diff_by_size_and_mtime_modes_deletions_and_protected_paths(tmp_path: Pa
     assert kept.remove == () and kept.rmdirs == ()
 
 
+def test_what_the_source_holds_but_does_not_send_is_never_removed(tmp_path: Path) -> None:
+    """The host's copy may be the source itself (this machine, or a shared filesystem): links to
+    directories, dangling links and other non-files there are the user's, not stale copies."""
+    src = tree_at(tmp_path / "p", {"a.py": "", "d/f": ""})
+    (src / "dlink").symlink_to(src / "d")
+    (src / "dangling").symlink_to(src / "gone")
+    tree = scan(SyncSpec(src=src))
+    listed = Manifest.from_reply(manifest({"root": str(src)}, None))  # type: ignore[arg-type]
+    changes = diff(tree, listed, delete=True, checksum=False)
+    assert changes.empty and changes.unchanged == 2
+    elsewhere = diff(tree, Manifest("/r", other=frozenset({"stale-link"})), delete=True, checksum=False)
+    assert elsewhere.remove == ("stale-link",)  # a link the source does not have still goes
+
+
 def test_checksum_mode_compares_contents(tmp_path: Path) -> None:
     src = tree_at(tmp_path / "p", {"a.py": "same", "b.py": "diff"})
     tree = scan(SyncSpec(src=src, checksum=True))
