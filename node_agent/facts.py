@@ -285,15 +285,22 @@ def collect(request: Dict[str, Any], started: float) -> Dict[str, Any]:
 def gather(request: Dict[str, Any], control: BinaryIO) -> Dict[str, Any]:
     """The facts op. With request["probe"] = {"ports": [...], "timeout": s} it first listens on
     those ports (event `listening`), then sends the facts as event `facts`, then serves
-    `CONNECT` control lines until stdin EOF (see node_agent/probe.py)."""
+    `CONNECT` control lines until stdin EOF (see node_agent/probe.py).
+
+    With request["then"] == "supervise" (a launch) it sends the facts as event `facts` too and
+    then waits (up to request["hold_s"]) for the control plane's verdict: `START {request}` runs
+    the supervise op in this same process, on the same channel (one SSH session per host from
+    `ddpctl up` to a running torchrun); EOF means the launch was called off."""
     started = time.monotonic()
     spec = request.get("probe")
-    if not spec:
+    then = request.get("then") == "supervise"
+    if not spec and not then:
         return collect(request, started)
     from node_agent import probe
 
-    sockets, ports = probe.open_listeners([int(p) for p in spec.get("ports") or [0]])
-    probe.listening_event(ports)
+    sockets, ports = probe.open_listeners([int(p) for p in spec.get("ports") or [0]]) if spec else ({}, [])
+    if spec:
+        probe.listening_event(ports)
     master = [p for p in ports if request.get("master_port") and
               p["requested"] == int(request["master_port"])]
     if master:
@@ -301,5 +308,12 @@ def gather(request: Dict[str, Any], control: BinaryIO) -> Dict[str, Any]:
                        _bind_error=master[0]["error"])
     result = collect(request, started)
     emit_event("facts", **result)
-    result["probe"] = probe.serve(sockets, ports, control, float(spec.get("timeout") or 120.0))
+    timeout = float((spec or {}).get("timeout") or request.get("hold_s") or 120.0)
+    start: List[Dict[str, Any]] = []
+    served = probe.serve(sockets, ports, control, timeout, start if then else None)
+    if spec:
+        result["probe"] = served
+    if start:  # the probe's listeners (the master port's among them) are closed by now
+        from node_agent.supervisor import supervise
+        return supervise(start[0], control)
     return result

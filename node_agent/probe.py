@@ -1,7 +1,8 @@
 """The "listen" and "connect" ops: doctor's active TCP probe between every pair of hosts.
 
 A listener also serves `CONNECT` control lines, so one agent per host can both listen and dial
-(doctor runs its whole probe inside the facts session this way).
+(doctor runs its whole probe inside the facts session this way). A launch's session also takes a
+`START {supervise request}` line: the listeners close and the same agent goes on to run torchrun.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, BinaryIO, Dict, List, Tuple
+from typing import Any, BinaryIO, Dict, List, Optional, Tuple
 
 from node_agent.protocol import emit_event
 
@@ -54,13 +55,19 @@ def _drain_all(conns: List[socket.socket], seconds: float) -> None:
             _drain(conn, conns)
 
 
-def _watch_control(control: BinaryIO, done: threading.Event, wake: socket.socket) -> None:
+def _watch_control(control: BinaryIO, done: threading.Event, wake: socket.socket,
+                   start: Optional[List[Dict[str, Any]]]) -> None:
     """Serve control lines until EOF: `CONNECT {"targets": [...], "timeout": s}` runs a connect
-    round and emits a `connected` event with its results. At EOF, wake the accept loop at once."""
+    round and emits a `connected` event with its results; where `start` is a list, a `START
+    {request}` line goes into it and ends the reading (the rest of stdin is the supervisor's). At
+    EOF or START, wake the accept loop at once."""
     try:
         for line in iter(control.readline, b""):
             if line.startswith(b"CONNECT "):
                 emit_event("connected", **connect(json.loads(line[8:].decode()), control))
+            elif line.startswith(b"START ") and start is not None:
+                start.append(json.loads(line[6:].decode()))
+                break
     except (OSError, ValueError):
         pass
     done.set()
@@ -90,11 +97,13 @@ def listening_event(ports: List[Dict[str, Any]]) -> None:
 
 
 def serve(sockets: Dict[int, socket.socket], ports: List[Dict[str, Any]], control: BinaryIO,
-          timeout: float) -> Dict[str, Any]:
-    """Accept (recording peers) and serve control commands until control EOF or the timeout."""
+          timeout: float, start: Optional[List[Dict[str, Any]]] = None) -> Dict[str, Any]:
+    """Accept (recording peers) and serve control commands until control EOF, a START line (with
+    `start`: see _watch_control) or the timeout. Every socket is closed when it returns."""
     done = threading.Event()
     woken, wake = socket.socketpair()
-    threading.Thread(target=_watch_control, args=(control, done, wake), daemon=True).start()
+    watcher = threading.Thread(target=_watch_control, args=(control, done, wake, start), daemon=True)
+    watcher.start()
     by_port = {p["port"]: p for p in ports if p["port"] is not None}
     conns: List[socket.socket] = []  # kept until the peer closes, so TIME_WAIT lands on its side
     deadline = time.monotonic() + timeout
@@ -113,10 +122,12 @@ def serve(sockets: Dict[int, socket.socket], ports: List[Dict[str, Any]], contro
                     continue
                 conns.append(conn)
                 by_port[int(s.getsockname()[1])]["peers"].append(str(peer[0]))
-        _drain_all(conns, 0.5)
+        _drain_all(conns, 0.0 if start else 0.5)  # a START waits for nothing
     finally:
         for s in [*sockets.values(), *conns, woken, wake]:
             s.close()
+    if done.is_set():
+        watcher.join()  # it has stopped reading: the caller owns stdin now
     return {"ports": ports, "timed_out": not done.is_set()}
 
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import socket
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Dict, Iterable, Iterator, List, Optional
 
 from node_agent.procfs import alive, proc_environ, read_stat
 from node_agent.terminate import terminate
@@ -97,14 +99,21 @@ def job_is_supervised(job_id: str) -> bool:
 
 
 def end_job(job_id: str, pgid: Optional[int], grace: float,
-            node_rank: Optional[int] = None) -> Dict[str, Any]:
+            node_rank: Optional[int] = None, failed: Iterable[int] = ()) -> Dict[str, Any]:
     """SIGTERM the job's process group and every process carrying its id; SIGKILL after grace.
-    Processes are looked up by the job id again while waiting: one started meanwhile ends too."""
-    done = terminate(job_pids(job_id, node_rank), [pgid] if pgid else [], grace,
+    Processes are looked up by the job id again while waiting: one started meanwhile ends too.
+    `failed`: ranks whose error is recorded already get SIGKILL at once; the grace period is for
+    the ones still healthy (a pid no longer carrying the job's id is left alone)."""
+    members = job_pids(job_id, node_rank)
+    doomed = sorted(set(failed) & set(members))
+    for pid in doomed:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    done = terminate(members, [pgid] if pgid else [], grace,
                      members=lambda: job_pids(job_id, node_rank))
     return {
-        "terminated": done.terminated,
-        "killed": done.killed,
+        "terminated": sorted(set(done.terminated) | set(doomed)),
+        "killed": sorted(set(done.killed) | set(doomed)),
         "commands": {str(p): " ".join(c)[:300] for p, c in done.commands.items()},
         "left": done.left,
     }

@@ -4,6 +4,11 @@ The control plane is gone when the control channel (stdin) reaches EOF, when no 
 arrives for `heartbeat_timeout` seconds (a downed link leaves the TCP connection silently open),
 or on SIGHUP/SIGTERM/SIGINT. Then the whole job is ended: SIGTERM to torchrun's process group and
 to every process carrying DDPCTL_JOB_ID, SIGKILL after the grace period.
+
+A rank that fails ends this host's part at once, without waiting for torchrun or the control
+plane (fail fast): the supervisor sees the rank's error record within RANK_POLL_S, SIGKILLs that
+rank (its error and its traceback are out already) and SIGTERMs the rest, which alone get the
+grace period; the record goes to the control plane, which stops the other hosts meanwhile.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any, BinaryIO, Dict, List, Optional
+from typing import Any, BinaryIO, Dict, List, Optional, Sequence
 
 from node_agent.nccl_log import parse_files
 from node_agent.protocol import emit_event, write_line
@@ -32,7 +37,8 @@ from node_agent.runstate import (
 )
 
 HEARTBEAT_EVERY = 2.0
-RANK_POLL_S = 0.2  # how often the ranks' milestone files are looked for
+TORCHRUN_MODULE = "torch.distributed.run"
+RANK_POLL_S = 0.05  # how often the ranks' milestone files are looked for (one listdir)
 
 
 class Supervisor:
@@ -60,14 +66,20 @@ class Supervisor:
     def argv(self) -> List[str]:
         log_dir = str(self.dir / "torchrun")
         wrapper = [str(self.dir / "rankwrap.py")] if self.wrap else []
-        return [*list(self.request["launcher"]), "--log-dir", log_dir, *wrapper,
-                *list(self.request["program"])]
+        launcher = list(self.request["launcher"])
+        if self.wrap and launcher[1:3] == ["-m", TORCHRUN_MODULE]:  # see node_agent/torchrun.py
+            launcher[1:3] = [str(self.dir / "bin" / "torchrun")]
+        return [*launcher, "--log-dir", log_dir, *wrapper, *list(self.request["program"])]
 
     def write_wrapper(self) -> None:
-        """Each rank starts through node_agent/rankwrap.py: its source goes next to the run state."""
-        module = importlib.import_module("node_agent.rankwrap")
-        source = module.__loader__.get_source(module.__name__)  # type: ignore[union-attr]
-        (self.dir / "rankwrap.py").write_text(source)
+        """Each rank starts through node_agent/rankwrap.py and torchrun through
+        node_agent/torchrun.py: their sources go next to the run state."""
+        (self.dir / "bin").mkdir(exist_ok=True, mode=0o700)  # "torchrun" itself is the log dir
+        for module_name, file_name in (("node_agent.rankwrap", "rankwrap.py"),
+                                       ("node_agent.torchrun", "bin/torchrun")):
+            module = importlib.import_module(module_name)
+            source = module.__loader__.get_source(module.__name__)  # type: ignore[union-attr]
+            (self.dir / file_name).write_text(source)
         self.rank_dir.mkdir(exist_ok=True, mode=0o700)
 
     def scan_ranks(self) -> None:
@@ -89,6 +101,17 @@ class Supervisor:
                     emit_event("rank", **record)
                 except (BrokenPipeError, OSError):
                     self.passthrough = False
+            if record.get("phase") == "error":
+                self.rank_failed(record)
+
+    def rank_failed(self, record: Dict[str, Any]) -> None:
+        """torchrun runs with --max-restarts 0: one failed rank fails the job. End it here now."""
+        if self.proc is None or self.proc.poll() is not None:
+            return  # over already (a record first read after torchrun exited)
+        pid = record.get("pid")
+        self.stop("rank %s failed (%s)" % (record.get("rank", record.get("local_rank")),
+                                           record.get("type") or "error"),
+                  failed=[int(pid)] if isinstance(pid, int) else [])
 
     def watch_ranks(self) -> None:
         while self.proc is not None and self.proc.poll() is None:
@@ -141,14 +164,17 @@ class Supervisor:
         self.started = self.state()
         write_json_atomic(self.dir / "state.json", self.started)
 
-    def stop(self, reason: str, force: bool = False) -> None:
+    def stop(self, reason: str, force: bool = False, failed: Sequence[int] = ()) -> None:
+        """End the job on this host (once; `force` again skips the grace). `failed`: pids of ranks
+        that have failed, killed at once."""
         if self.stopping.is_set() and not force:
             return
         self.stopping.set()
         self.stop_reason = self.stop_reason or reason
         assert self.proc is not None
         threading.Thread(target=end_job,
-                         args=(self.job_id, self.proc.pid, 0.0 if force else self.grace, self.node_rank),
+                         args=(self.job_id, self.proc.pid, 0.0 if force else self.grace, self.node_rank,
+                               list(failed)),
                          daemon=True).start()
 
     def forward(self, signum: int, frame: Any) -> None:

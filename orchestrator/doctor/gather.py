@@ -1,6 +1,7 @@
 """Doctor's network work: one agent session per host that gathers the facts and, in the same
 session, listens and dials for the cross-host TCP probe (one round trip of facts, then one probe
-phase driven over the session's control channel)."""
+phase driven over the session's control channel). A launch holds the sessions open afterwards
+and starts each host's torchrun in its own session (`Session.start`)."""
 
 from __future__ import annotations
 
@@ -8,26 +9,27 @@ import json
 import queue
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from inventory import Host
 from orchestrator.doctor.model import DoctorContext, ProbeOutcome, ProbeResults
 from orchestrator.errors import HostError, HostErrorKind
-from orchestrator.remote.agent import AgentEvent, AgentResult, AgentStream, agent_failed, start_agent
+from orchestrator.remote.agent import AgentEvent, AgentResult, AgentStream, Message, agent_failed, start_agent
 from orchestrator.remote.pool import FanOut, HostPool
-from orchestrator.remote.transport import Transport
+from orchestrator.remote.transport import OutputLine, Transport
 from orchestrator.remote.wire import HostFacts
 
 ENV_PREFIXES = ("NCCL_", "GLOO_", "TORCH_", "MASTER_")
 
 
 def facts_request(ctx: DoctorContext, host: Host, probe: bool,
-                  select: Sequence[str] | None = None) -> dict[str, Any]:
+                  select: Sequence[str] | None = None, hold: bool = False) -> dict[str, Any]:
     """The facts op's request for one host: doctor's whole set, or the `select`ed sub-facts (the
     launch); with `probe`, listeners for the TCP probe (the master also on the master port).
-    master_port None ("auto"): the master picks a free port instead."""
+    master_port None ("auto"): the master picks a free port instead. `hold`: after the facts the
+    agent waits for a START line and runs the host's torchrun (see node_agent/facts.py)."""
     is_master = host.name == ctx.master.name and ctx.master_port is not None
     request: dict[str, Any] = {
         "python": host.python,
@@ -46,6 +48,8 @@ def facts_request(ctx: DoctorContext, host: Host, probe: bool,
     if probe:
         request["probe"] = {"ports": [0, ctx.master_port] if is_master else [0],
                             "timeout": ctx.timeout_s * 2}
+    if hold:
+        request.update(then="supervise", hold_s=ctx.timeout_s * 2)
     return request
 
 
@@ -58,15 +62,23 @@ class Session:
 
     host: str
     running: AgentStream
-    events: queue.Queue[AgentEvent | AgentResult] = field(default_factory=queue.Queue)
+    events: queue.Queue[Message] = field(default_factory=queue.Queue)
 
     def pump(self) -> None:
         try:
             for message in self.running.messages():
-                if isinstance(message, (AgentEvent, AgentResult)):
-                    self.events.put(message)
+                self.events.put(message)
         finally:
             self.events.put(_EOF)
+
+    def start(self, request: Mapping[str, Any]) -> None:
+        """A held launch session runs `request` (the supervise op's); `messages()` follows it."""
+        self.send("START", dict(request))
+
+    def messages(self) -> Iterator[Message]:
+        """Every message not read yet, program output included, until the session ends."""
+        while (message := self.events.get()) is not _EOF:
+            yield message
 
     def wait_for(self, name: str, deadline: float) -> AgentEvent | AgentResult:
         """The next `name` event (name "result": the op's result); an early result, EOF or the
@@ -78,6 +90,8 @@ class Session:
                 raise HostError(self.host, HostErrorKind.TIMEOUT,
                                 f"the node agent sent no {name} in time",
                                 "check the host's load, or raise --timeout") from None
+            if isinstance(message, OutputLine):
+                continue  # not the agent's: kept in running.other for error messages
             if isinstance(message, AgentResult):
                 if name == "result" and message.error is None:
                     return message
@@ -106,8 +120,9 @@ class Opened:
 
 
 def open_sessions(pool: HostPool, ctx: DoctorContext, probe: bool,
-                  select: Sequence[str] | None = None) -> FanOut[Opened]:
-    """Start the facts op on every host in parallel and wait for each one's facts."""
+                  select: Sequence[str] | None = None, hold: bool = False) -> FanOut[Opened]:
+    """Start the facts op on every host in parallel and wait for each one's facts (`hold`: the
+    sessions then wait for a START, see facts_request)."""
     by_name = {h.name: h for h in ctx.hosts}
 
     def one(transport: Transport) -> Opened:
@@ -115,14 +130,14 @@ def open_sessions(pool: HostPool, ctx: DoctorContext, probe: bool,
         sent = time.time()
         deadline = time.monotonic() + ctx.timeout_s
         session = Session(host.name, start_agent(transport, "facts",
-                                                 facts_request(ctx, host, probe, select)))
+                                                 facts_request(ctx, host, probe, select, hold)))
         threading.Thread(target=session.pump, daemon=True).start()
         try:
             ports: dict[int, int | None] = {}
             if probe:
                 listening = session.wait_for("listening", deadline)
                 ports = {int(p["requested"]): p.get("port") for p in listening.get("ports", [])}
-            event = session.wait_for("facts" if probe else "result", deadline)
+            event = session.wait_for("facts" if probe or hold else "result", deadline)
         except HostError:
             session.running.abort()
             raise

@@ -1,7 +1,8 @@
 """Before launch: one agent session per host (doctor's facts op and its TCP probe, with a
 narrower selection) resolves nproc and the master port, and runs the doctor checks that predict
 a failed or hung rendezvous. An error finding stops the launch before any rank starts; stale
-holders of the master port are freed."""
+holders of the master port are freed. A launch holds the sessions open: each host's torchrun then
+starts in the session that checked it (one SSH session per host, the agent shipped once)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from inventory import ConfigError, Job
 from inventory.gpus import declared_gpus, selection
 from orchestrator.doctor.checks import run_checks
 from orchestrator.doctor.context import from_job
-from orchestrator.doctor.gather import close_all, open_sessions, run_probe
+from orchestrator.doctor.gather import Session, close_all, open_sessions, run_probe
 from orchestrator.doctor.model import CheckStatus, Finding, Observations, ProbeResults
 from orchestrator.errors import HostError, HostErrorKind, HostsFailed, LaunchBlocked
 from orchestrator.launch.master_port import Holder, judge
@@ -50,6 +51,7 @@ class Preflight:
     facts: dict[str, HostFacts]
     findings: list[Finding] = field(default_factory=list)
     phases: dict[str, float] = field(default_factory=dict)  # facts_s, probe_s, checks_s
+    sessions: dict[str, Session] = field(default_factory=dict)  # held (gather's `hold`), by host
 
     @property
     def errors(self) -> list[Finding]:
@@ -60,37 +62,43 @@ class Preflight:
         return [f for f in self.findings if f.status == CheckStatus.WARN]
 
 
-def gather(job: Job, pool: HostPool, checks: bool = True) -> Preflight:
+def gather(job: Job, pool: HostPool, checks: bool = True, hold: bool = False) -> Preflight:
     """Every host's launch facts in one agent session per host, and (checks) the TCP probe of the
     master port and between the hosts, then the launch checks. A host that cannot be reached, a
-    missing interpreter or (without checks) a missing workdir stops here."""
+    missing interpreter or (without checks) a missing workdir stops here. `hold`: when all is
+    well the sessions stay open, each waiting to start its host's torchrun (`sessions`); else,
+    and whatever stops the launch, they are closed."""
     started = time.monotonic()
     ctx = from_job(job, timeout_s=FACTS_TIMEOUT_S)
     probe = checks and len(job.hosts) > 1
-    fan = open_sessions(pool, ctx, probe, launch_facts(job, checks))
+    fan = open_sessions(pool, ctx, probe, launch_facts(job, checks), hold)
+    sessions = {name: o.session for name, o in fan.succeeded.items()}
     gathered = time.monotonic()
+    keep = False
     try:
         if fan.failed:
             raise HostsFailed("pre-flight", list(fan.failed.values()))
         probes = run_probe(ctx, fan.succeeded) if probe else ProbeResults()
+        probed = time.monotonic()
+        facts = {name: o.facts for name, o in fan.succeeded.items()}
+        findings = run_checks(Observations(ctx, facts, {}, probes), LAUNCH_CHECKS) if checks else []
+        pre = Preflight(facts, findings, {"facts_s": gathered - started, "probe_s": probed - gathered,
+                                          "checks_s": time.monotonic() - probed}, sessions if hold else {})
+        if pre.errors:
+            raise ChecksFailed(pre.findings)
+        for host in job.hosts:
+            hf = facts[host.name]
+            if not hf.python_found:
+                raise HostError(host.name, HostErrorKind.AGENT, f"interpreter {host.python} not found",
+                                f"install torch there or set python = ... for {host.name} in the inventory")
+            if not hf.workdir_exists and job.sync is None:  # with [sync], a launch has made it by now
+                raise HostError(host.name, HostErrorKind.AGENT, f"workdir {job.workdir_for(host)} does not exist",
+                                "create it (or sync the code there) or set workdir in the inventory")
+        keep = hold
+        return pre
     finally:
-        close_all([o.session for o in fan.succeeded.values()])  # frees the probe's listeners
-    probed = time.monotonic()
-    facts = {name: o.facts for name, o in fan.succeeded.items()}
-    findings = run_checks(Observations(ctx, facts, {}, probes), LAUNCH_CHECKS) if checks else []
-    pre = Preflight(facts, findings, {"facts_s": gathered - started, "probe_s": probed - gathered,
-                                      "checks_s": time.monotonic() - probed})
-    if pre.errors:
-        raise ChecksFailed(pre.findings)
-    for host in job.hosts:
-        hf = facts[host.name]
-        if not hf.python_found:
-            raise HostError(host.name, HostErrorKind.AGENT, f"interpreter {host.python} not found",
-                            f"install torch there or set python = ... for {host.name} in the inventory")
-        if not hf.workdir_exists and job.sync is None:  # with [sync], a launch has made it by now
-            raise HostError(host.name, HostErrorKind.AGENT, f"workdir {job.workdir_for(host)} does not exist",
-                            "create it (or sync the code there) or set workdir in the inventory")
-    return pre
+        if not keep:
+            close_all(list(sessions.values()))  # also frees the probe's listeners
 
 
 def launch_facts(job: Job, checks: bool) -> tuple[str, ...]:

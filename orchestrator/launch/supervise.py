@@ -128,6 +128,9 @@ class Supervision:
                 self.rendezvous.saw(event.host, event.phase)
             if event.phase.error is not None:
                 self._rank_failed(run, event.phase.error)
+                # fail fast: the other hosts are told now, not when this one's torchrun has exited
+                rank = event.phase.rank if event.phase.rank is not None else f"local {event.phase.local_rank}"
+                self._fail(run, f"rank {rank} raised {event.phase.error.kind or 'an error'}")
         elif isinstance(event, Reported):
             run.stop_reason, run.first_error, run.nccl = (event.result.stop_reason, event.result.first_error,
                                                           event.result.nccl)

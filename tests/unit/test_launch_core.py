@@ -138,6 +138,24 @@ def test_the_first_failing_host_stops_every_other_host_and_is_the_first_failure(
     assert any("b failed (exit code 1)" in n for n in out.notices)
 
 
+def test_a_rank_error_stops_every_host_before_any_host_exits(tmp_path: Path) -> None:
+    """Fail fast: the rank's error milestone alone makes the core stop every host; it does not
+    wait for the failing host's torchrun to exit."""
+    error = RankError(1, "boom", "Traceback ...\nRuntimeError: boom", 1.0, None, rank=3, kind="RuntimeError")
+
+    def script(b: ScriptedBackend, emit: Emit) -> None:
+        emit_all(emit, [Started("a"), Started("b"), phase("b", 1, 3, "error", 1.0, error)])
+        stopped = b.stopped.wait(10)
+        emit_all(emit, [Exited("a", 143), Exited("b", 1)])
+        assert stopped, "the core waited for an exit before stopping the job"
+
+    result, out, backend = launch(script, tmp_path)
+    assert backend.stops == [(("a", "b"), False)]  # every host still running, gracefully
+    assert result.first_failure is not None and result.first_failure.host == "b"
+    assert any("b failed (rank 3 raised RuntimeError)" in n for n in out.notices)
+    assert result.exit_code == 1
+
+
 def test_a_lost_host_is_dropped_and_fails_the_job(tmp_path: Path) -> None:
     def script(b: ScriptedBackend, emit: Emit) -> None:
         emit_all(emit, [Started("a"), Lost("b", "connection refused")])

@@ -154,3 +154,65 @@ def test_program_exit_code_is_the_agent_exit_code(supervise: Callable[..., Super
     assert code == 3 and result["exit_code"] == 3 and result["stop_reason"] is None
     assert "ready" in output
     assert sup.state()["status"] == "exited" and sup.state()["exit_code"] == 3
+
+
+# A stand-in for torchrun whose ranks start in sessions of their own, as torchrun's do: rank 1
+# records its error as the rank wrapper does and then takes its time to exit; rank 0 is healthy and
+# notes the SIGTERM that gives it its grace period.
+FAILING_RANKS = """
+import json, os, subprocess, sys, time
+RANK = '''
+import json, os, signal, sys, time
+me = sys.argv[1]
+signal.signal(signal.SIGTERM, lambda s, f: (open(os.environ["MARKS"] + "/term." + me, "w").close(), sys.exit(0)))
+if me == "1":
+    time.sleep(0.5)
+    path = os.path.join(os.environ["DDPCTL_RANK_DIR"], "1.error")
+    with open(path + ".tmp", "w") as f:
+        json.dump({"phase": "error", "local_rank": 1, "rank": 1, "pid": os.getpid(), "time": time.time(),
+                   "type": "RuntimeError", "message": "boom", "traceback": ""}, f)
+    os.replace(path + ".tmp", path)
+open(os.environ["MARKS"] + "/up." + me, "w").close()
+time.sleep(300)
+'''
+ranks = [subprocess.Popen([sys.executable, "-c", RANK, str(r)], start_new_session=True) for r in (0, 1)]
+with open(os.environ["PIDFILE"] + ".tmp", "w") as f:
+    f.write(" ".join(str(pid) for pid in [os.getpid(), *(p.pid for p in ranks)]))
+os.replace(os.environ["PIDFILE"] + ".tmp", os.environ["PIDFILE"])
+print("ready", flush=True)
+for p in ranks:
+    p.wait()
+time.sleep(300)
+"""
+
+
+def test_a_failed_rank_ends_the_job_on_its_host_without_the_control_plane(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """The supervisor reads the rank's error record itself: the failed rank is SIGKILLed at once
+    (no grace: its handler never runs), the healthy one gets SIGTERM, torchrun ends, and all of it
+    with stdin still open and no STOP from the control plane."""
+    monkeypatch.setenv("DDPCTL_STATE_ROOT", str(tmp_path / "state"))
+    script, pidfile, marks = tmp_path / "fake_torchrun.py", tmp_path / "pids", tmp_path / "marks"
+    script.write_text(FAILING_RANKS)
+    marks.mkdir()
+    request = {"job_id": "sup-rank-fails-1", "job_name": "fake", "node_rank": 0,
+               "launcher": [sys.executable, str(script)], "program": ["train.py"],
+               "env": {"PIDFILE": str(pidfile), "MARKS": str(marks)}, "cwd": str(tmp_path), "grace": 30.0,
+               "heartbeat_timeout": 0, "detach": False, "wrap": True}
+    running = start_agent(LocalTransport(LOCALHOST), "supervise", request)
+    sup = Supervised(running, pidfile, tmp_path / "state", "sup-rank-fails-1")
+    try:
+        pids = sup.pids()
+        code, result, _output = sup.finish(timeout=25)  # well inside the 30 s grace and rank 1's sleep
+        wait_until(gone(pids), 15, "torchrun and both ranks to end")
+        assert result["stop_reason"] == "rank 1 failed (RuntimeError)"
+        assert code != 0 and result["first_error"]["message"] == "boom"
+        assert (marks / "term.0").exists(), "the healthy rank got no SIGTERM"
+        assert not (marks / "term.1").exists(), "the failed rank was given a grace period"
+    finally:
+        running.close_stdin()
+        running.wait(10)
+        if pidfile.exists():
+            for pid in (int(p) for p in pidfile.read_text().split()):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)

@@ -91,6 +91,8 @@ def sleep_forever_before_collective(rank: int) -> None:
 
 def maybe_fail(args: ToyArgs, rank: int, step: int) -> None:
     if args.fail_rank == rank and step == args.fail_at_step:
+        # the rank's own clock: bench/launch_teardown.py times the teardown from this instant
+        common.emit(f"rank={rank} raising the injected failure at unix time {time.time():.3f}")
         raise RuntimeError(f"injected failure: rank {rank} at step {step} (--fail-rank)")
 
 

@@ -1,25 +1,30 @@
 """The SSH backend: one supervised torchrun per host, each over its host's reused connection
-(this machine's hosts over the local transport), heartbeats on every control channel."""
+(this machine's hosts over the local transport), heartbeats on every control channel.
+
+A launch opens one agent session per host: the pre-launch facts and checks, then (START) the
+supervised torchrun in the same session, so a host costs one SSH exec (one login shell, one agent
+start) from `ddpctl up` to a running torchrun."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import threading
+import time
 from collections.abc import Sequence
 
 from inventory import Job
 from inventory.gpus import check_job_env
 from orchestrator.doctor.context import from_job
-from orchestrator.doctor.gather import close_all, open_sessions, run_probe
+from orchestrator.doctor.gather import Session, close_all, open_sessions, run_probe
 from orchestrator.doctor.model import ProbeResults
-from orchestrator.errors import HostError
+from orchestrator.errors import HostError, HostErrorKind
 from orchestrator.hostops.stacks import StacksReport, collect
 from orchestrator.launch.backends.base import DetachReport, Emit, Notice, Resolved, supervise_request
 from orchestrator.launch.events import Alive, Exited, Lost, Milestone, Output, Problem, Reported, Started
 from orchestrator.launch.options import LaunchOptions
 from orchestrator.launch.plan import HostLaunch, LaunchPlan
-from orchestrator.launch.preflight import gather, resolve_nprocs, settle_master_port, static_nprocs
+from orchestrator.launch.preflight import Preflight, gather, resolve_nprocs, settle_master_port, static_nprocs
 from orchestrator.remote.agent import AgentEvent, AgentResult, AgentStream, call_agent, start_agent
 from orchestrator.remote.pool import HostPool
 from orchestrator.remote.transport import OutputLine, Transport
@@ -28,6 +33,7 @@ from orchestrator.sync.core import Progress, SyncReport, sync_job
 
 HEARTBEAT_EVERY = 2.0  # each node's supervisor ends its job after LOST_AFTER without one
 REPROBE_TIMEOUT_S = 20.0  # the watchdog's re-probe: each host's session must open within this
+DETACH_TIMEOUT_S = 60.0  # a detached start answers once its supervisor has written its state
 
 
 class SshBackend:
@@ -39,6 +45,7 @@ class SshBackend:
         self.pool = pool
         self.streams: dict[str, AgentStream] = {}
         self.stopping: dict[str, bytes] = {}  # host -> the stop word it has been (or will be) sent
+        self.held: dict[str, Session] = {}  # the pre-launch sessions, waiting for their START
         self.lock = threading.Lock()
         self.closed = threading.Event()
 
@@ -52,7 +59,16 @@ class SshBackend:
         static = static_nprocs(job) if not settle and isinstance(port, int) else None
         if static is not None and isinstance(port, int):
             return Resolved(static, port)  # a dry run needs no host
-        pre = gather(job, self.pool, checks=settle and options.checks)
+        pre = gather(job, self.pool, checks=settle and options.checks, hold=settle)
+        with self.lock:
+            self.held = dict(pre.sessions)
+        try:
+            return self._resolved(job, pre, options, notice, settle)
+        except BaseException:
+            self._release()
+            raise
+
+    def _resolved(self, job: Job, pre: Preflight, options: LaunchOptions, notice: Notice, settle: bool) -> Resolved:
         if pre.findings:
             took = ", ".join(f"{k.removesuffix('_s')} {v:.2f}s" for k, v in pre.phases.items())
             notice(f"pre-launch checks passed on {len(job.hosts)} host(s) in {sum(pre.phases.values()):.2f}s "
@@ -62,10 +78,21 @@ class SshBackend:
                    + (f" (fix: {finding.fix})" if finding.fix else ""))
         facts = pre.facts
         nprocs = resolve_nprocs(job, facts)
+        port = job.rendezvous.master_port
         if settle:
             return Resolved(nprocs, settle_master_port(job, self.pool, facts, options.free_port, notice))
         master = facts[job.master_host.name]
         return Resolved(nprocs, port if isinstance(port, int) else master.free_port or 0)
+
+    def _take(self, host: str) -> Session | None:
+        with self.lock:
+            return self.held.pop(host, None)
+
+    def _release(self) -> None:
+        """Close the sessions no START will reach: their agents exit, nothing was started."""
+        with self.lock:
+            sessions, self.held = list(self.held.values()), {}
+        close_all(sessions)
 
     # -- running ----------------------------------------------------------------------------
     def start(self, plan: LaunchPlan, options: LaunchOptions, emit: Emit) -> None:
@@ -75,18 +102,27 @@ class SshBackend:
 
     def _run_host(self, plan: LaunchPlan, launch: HostLaunch, options: LaunchOptions, emit: Emit) -> None:
         name = launch.host.name
+        request = supervise_request(plan, launch, options, detach=False)
+        session = self._take(name)
         try:
-            stream = start_agent(self.pool.transport(launch.host), "supervise",
-                                 supervise_request(plan, launch, options, detach=False))
+            if session is not None:  # the pre-launch session goes on to run torchrun
+                session.start(request)
+                stream, messages = session.running, session.messages()
+            else:
+                stream = start_agent(self.pool.transport(launch.host), "supervise", request)
+                messages = stream.messages()
         except HostError as exc:
             emit(Lost(name, exc.message + (f" (fix: {exc.fix})" if exc.fix else "")))
+            return
+        except Exception as exc:  # the held session's channel is gone
+            emit(Lost(name, f"the connection to {name} closed before its start: {exc!r}"))
             return
         with self.lock:
             self.streams[name] = stream
             word = self.stopping.get(name)
         if word is not None:  # stopped while it was connecting
             self._send(stream, word)
-        for message in stream.messages():
+        for message in messages:
             if isinstance(message, OutputLine):
                 emit(Output(name, message.text))
             elif isinstance(message, AgentResult):
@@ -137,17 +173,33 @@ class SshBackend:
 
     def close(self) -> None:
         self.closed.set()
+        self._release()
 
     # -- detached and diagnostics -----------------------------------------------------------
     def detach(self, plan: LaunchPlan, options: LaunchOptions) -> DetachReport:
         by_name = {hl.host.name: hl for hl in plan.hosts}
 
         def one(transport: Transport) -> int | None:
-            hl = by_name[transport.host.name]
-            reply = call_agent(transport, "supervise", supervise_request(plan, hl, options, detach=True))
-            return parse_detached(transport.host.name, reply.result).pid
+            name = transport.host.name
+            request = supervise_request(plan, by_name[name], options, detach=True)
+            session = self._take(name)
+            if session is None:
+                return parse_detached(name, call_agent(transport, "supervise", request).result).pid
+            try:
+                session.start(request)
+                result = session.wait_for("result", time.monotonic() + DETACH_TIMEOUT_S)
+            except HostError:
+                raise
+            except Exception as exc:
+                raise HostError(name, HostErrorKind.LOST,
+                                f"the connection to {name} closed before its start: {exc!r}") from None
+            finally:
+                close_all([session])
+            assert isinstance(result, AgentResult)  # wait_for("result") returns the result
+            return parse_detached(name, result.data).pid
 
         fan = self.pool.map([h.host for h in plan.hosts], one)
+        self._release()
         report = DetachReport(dict(fan.succeeded), dict(fan.failed))
         run_dir = options.runs_dir / plan.job_id
         run_dir.mkdir(parents=True, exist_ok=True)
