@@ -1,4 +1,11 @@
-"""Wall time of `ddpctl doctor` on 1, 8 and 32 cluster hosts beside `pdsh -R ssh ... true`."""
+"""Wall time of `ddpctl doctor` beside `pdsh -R ssh -w ... true` on the same cluster hosts.
+
+For each size (default 1, 8, 16, 32 hosts), --repeat runs, pdsh and doctor interleaved (the order
+alternates): the median of each, and the median of the per-run ratio doctor / pdsh (target <= 1.0
+at 16 hosts). doctor runs every check, torch facts cached on the hosts (--cold adds a column
+with --no-cache: every host imports torch). Then where doctor's seconds go at the largest size
+(bench/breakdown.py). Prints figures; asserts nothing.
+"""
 
 from __future__ import annotations
 
@@ -18,24 +25,30 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bench.breakdown import fixed_costs, print_costs, user_env  # noqa: E402
+from inventory import load_inventory  # noqa: E402
+from orchestrator.doctor import run_doctor  # noqa: E402
+from orchestrator.doctor.context import from_inventory  # noqa: E402
 from tests.cluster import Cluster, start_cluster  # noqa: E402
-
-DDPCTL = [sys.executable, "-c", "from orchestrator.cli import main; main()"]
+from tests.ddpctl_run import ddpctl_argv  # noqa: E402
 
 
 @dataclass(frozen=True)
 class Row:
     hosts: int
     pdsh_s: float
-    doctor_cold_s: float
-    doctor_warm_s: float
+    doctor_s: float
+    ratio: float  # median of the per-run ratios
+    ratios: tuple[float, ...]
+    doctor_cold_s: float | None
     doctor_exit: int
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--sizes", default="1,8,32", help="host counts (default 1,8,32)")
-    parser.add_argument("--repeat", type=int, default=3, help="runs per figure (median)")
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="1,8,16,32", help="host counts (default 1,8,16,32)")
+    parser.add_argument("--repeat", type=int, default=5, help="interleaved runs per size (median)")
+    parser.add_argument("--cold", action="store_true", help="also time doctor --no-cache")
     parser.add_argument("--workdir", type=Path, help="cluster files (default: a temp dir)")
     return parser.parse_args(argv)
 
@@ -64,32 +77,39 @@ def pdsh_argv(cluster: Cluster, n: int) -> list[str]:
             "true"]
 
 
-def measure(cluster: Cluster, n: int, repeat: int, tmp: Path) -> Row:
+def measure(cluster: Cluster, n: int, repeat: int, cold: bool, tmp: Path) -> Row:
     inventory = write_inventory(cluster, n, tmp / f"hosts{n}.toml")
-    doctor = [*DDPCTL, "doctor", "-i", str(inventory), "--ssh-config", str(cluster.ssh_config),
-              "--json"]
+    doctor = ddpctl_argv("doctor", "-i", str(inventory), "--ssh-config", str(cluster.ssh_config), "--json")
     pdsh_env = {**os.environ, "PDSH_SSH_ARGS_APPEND": f"-F {cluster.ssh_config}"}
-    pdsh, cold, warm, code = [], [], [], 0
-    for _ in range(repeat):
-        pdsh.append(timed(pdsh_argv(cluster, n), pdsh_env)[0])
-        cold.append(timed([*doctor, "--no-cache"])[0])
-        elapsed, code = timed(doctor)
-        warm.append(elapsed)
-    return Row(n, statistics.median(pdsh), statistics.median(cold), statistics.median(warm), code)
+    pdsh: list[float] = []
+    warm: list[float] = []
+    colds: list[float] = []
+    code = 0
+    timed(doctor, user_env())  # torch facts cached on every host, bytecode written
+    for i in range(repeat):
+        for tool in (("pdsh", "doctor") if i % 2 == 0 else ("doctor", "pdsh")):
+            if tool == "pdsh":
+                pdsh.append(timed(pdsh_argv(cluster, n), pdsh_env)[0])
+            else:
+                elapsed, code = timed(doctor, user_env())
+                warm.append(elapsed)
+        if cold:
+            colds.append(timed([*doctor, "--no-cache"], user_env())[0])
+    ratios = tuple(d / p for d, p in zip(warm, pdsh, strict=True))
+    return Row(n, statistics.median(pdsh), statistics.median(warm), statistics.median(ratios), ratios,
+               statistics.median(colds) if colds else None, code)
 
 
 def report(rows: list[Row]) -> None:
-    print(f"{'hosts':>5}  {'pdsh true':>10}  {'doctor cold':>12}  {'doctor warm':>12}  "
-          f"{'warm/pdsh':>9}  exit")
+    print(f"{'hosts':>5}  {'pdsh true':>10}  {'doctor':>8}  {'doctor/pdsh':>11}  {'(target)':>8}  "
+          f"{'doctor cold':>11}  exit  ratios")
     for r in rows:
-        print(f"{r.hosts:>5}  {r.pdsh_s:>9.2f}s  {r.doctor_cold_s:>11.2f}s  "
-              f"{r.doctor_warm_s:>11.2f}s  {r.doctor_warm_s / r.pdsh_s:>9.2f}  {r.doctor_exit}")
-    first, last = rows[0], rows[-1]
-    print(f"\ndoctor {last.hosts} hosts / pdsh {last.hosts} hosts (warm): "
-          f"{last.doctor_warm_s / last.pdsh_s:.2f} (target <= 1.0)")
-    print(f"doctor {last.hosts} hosts / doctor {first.hosts} host (warm): "
-          f"{last.doctor_warm_s / first.doctor_warm_s:.2f} (target <= 3.0)")
-    print("cold = --no-cache: every host imports torch (all hosts share this machine's cores)")
+        cold = f"{r.doctor_cold_s:10.2f}s" if r.doctor_cold_s is not None else f"{'-':>11}"
+        target = "<= 1.0" if r.hosts >= 16 else ""
+        print(f"{r.hosts:>5}  {r.pdsh_s:>9.2f}s  {r.doctor_s:>7.2f}s  {r.ratio:>11.2f}  {target:>8}  {cold}  "
+              f"{r.doctor_exit:>4}  {', '.join(f'{x:.2f}' for x in r.ratios)}")
+    print("doctor: every check, torch facts cached on the hosts; ddpctl runs without "
+          "PYTHONDONTWRITEBYTECODE, which this machine sets (bench/breakdown.py)")
 
 
 NEIGH = Path("/proc/sys/net/ipv4/neigh/default")
@@ -118,8 +138,16 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="doctor-fanout-") as tmp_name:
         tmp = Path(tmp_name)
         with start_cluster(max(sizes), args.workdir or tmp / "cluster") as cluster:
-            rows = [measure(cluster, n, args.repeat, tmp) for n in sizes]
+            rows = []
+            for n in sizes:
+                rows.append(measure(cluster, n, args.repeat, args.cold, tmp))
+                print(f"measured {n} host(s)", file=sys.stderr, flush=True)
+            inventory = load_inventory(write_inventory(cluster, max(sizes), tmp / "all.toml"))
+            costs = fixed_costs(cluster.ssh_config, inventory.hosts, 3,
+                                ("doctor's round trip (facts, probe, checks)",
+                                 lambda pool: run_doctor(from_inventory(inventory), pool)))
     report(rows)
+    print_costs(f"\nwhere doctor's seconds go at {max(sizes)} hosts (medians, each alone)", costs)
     return 0
 
 

@@ -35,10 +35,9 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bench.breakdown import fixed_costs, print_costs, user_env  # noqa: E402
 from inventory import load_job  # noqa: E402
 from orchestrator.launch.preflight import gather  # noqa: E402
-from orchestrator.remote.agent import call_agent  # noqa: E402
-from orchestrator.remote.pool import make_pool  # noqa: E402
 from tests.cluster import Cluster, start_cluster  # noqa: E402
 from tests.ddpctl_run import TOY, ddpctl_argv, write_job  # noqa: E402
 
@@ -124,7 +123,8 @@ def via_ddpctl(cluster: Cluster, tmp: Path, name: str, port: int,
     runs = tmp / "runs" / name
     proc = subprocess.Popen(ddpctl_argv("up", str(job), "--grace", "3", "--runs-dir", str(runs),
                                         "--ssh-config", str(cluster.ssh_config)),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            env=user_env())
     return proc, runs
 
 
@@ -217,31 +217,10 @@ def median(values: list[float | None]) -> float | None:
 
 
 def front(cluster: Cluster, tmp: Path, runs: int) -> dict[str, float]:
-    """The launch's fixed costs, each alone: medians over `runs`."""
+    """The launch's fixed costs, each alone (bench/breakdown.py), the pre-launch round trip last."""
     job = load_job(write_job(tmp, cluster, "front", nproc=1, port=29699))
-    out: dict[str, list[float]] = {}
-
-    def note(key: str, seconds: float) -> None:
-        out.setdefault(key, []).append(seconds)
-
-    for _ in range(runs):
-        t0 = time.monotonic()
-        subprocess.run(ddpctl_argv("--help"), capture_output=True, check=True)
-        note("ddpctl start-up (python, imports)", time.monotonic() - t0)
-        with make_pool(cluster.ssh_config, [], False, 64, 10.0) as pool:
-            t0 = time.monotonic()
-            pool.map(job.hosts, lambda t: t.connection())  # type: ignore[attr-defined]
-            note("SSH handshakes (all hosts at once)", time.monotonic() - t0)
-            t0 = time.monotonic()
-            pool.map(job.hosts, lambda t: t.run(["true"], timeout=30))
-            note("one exec per host: `true` (login shell rc)", time.monotonic() - t0)
-            t0 = time.monotonic()
-            pool.map(job.hosts, lambda t: call_agent(t, "ping", timeout=30))
-            note("one agent round trip per host (ship, start)", time.monotonic() - t0)
-            t0 = time.monotonic()
-            gather(job, pool, checks=True)
-            note("pre-launch round trip (facts, probe, checks)", time.monotonic() - t0)
-    return {k: statistics.median(v) for k, v in out.items()}
+    return fixed_costs(cluster.ssh_config, job.hosts, runs,
+                       ("pre-launch round trip (facts, probe, checks)", lambda pool: gather(job, pool, checks=True)))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -284,11 +263,9 @@ def main(argv: list[str] | None = None) -> int:
                   f"{', '.join(fmt(v, opts.cap) for v in downs['ddpctl'])}", flush=True)
             breakdowns[n] = ({k: statistics.median(v) for k, v in split.items()}, front(cluster, Path(d), opts.runs))
     for n, (split_n, front_n) in breakdowns.items():
-        print(f"\nwhere the seconds go at {n} hosts (medians)")
-        for k, v in split_n.items():
-            print(f"  ddpctl up: {k:<42} {v:6.2f}s")
-        for k, v in front_n.items():
-            print(f"  alone:     {k:<42} {v:6.2f}s")
+        print_costs(f"\nwhere the seconds of `ddpctl up` go at {n} hosts (medians, from its output)", split_n)
+        print_costs("and each fixed cost alone", front_n)
+    print("\nddpctl runs without PYTHONDONTWRITEBYTECODE, which this machine sets (bench/breakdown.py)")
     return 0
 
 

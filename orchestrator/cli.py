@@ -1,21 +1,32 @@
-"""The `ddpctl` command: a typer app whose commands live in orchestrator/commands/."""
+"""The `ddpctl` command: a typer app whose commands live in orchestrator/commands/.
+
+A command line that names its command imports that command's module only (`ddpctl doctor` loads
+no launch, sync or ssh-setup code): the start-up is part of every command's wall time. `--help`,
+shell completion and `app` (the tests' CliRunner) get the whole app."""
 
 from __future__ import annotations
 
+import importlib
+import sys
+from collections.abc import Sequence
 from typing import Annotated
 
 import typer
 
 from orchestrator import __version__
-from orchestrator.commands import doctor, kill_port, lifecycle, ssh_setup, stacks, sync, up
 
-app = typer.Typer(
-    name="ddpctl",
-    help="Diagnose, launch and clean up multi-node PyTorch DDP jobs over SSH.",
-    no_args_is_help=True,
-    add_completion=True,
-    pretty_exceptions_enable=False,
-)
+# command name -> (module in orchestrator/commands/, its typer function)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "up": ("up", "up_command"),
+    "doctor": ("doctor", "doctor_command"),
+    "kill-port": ("kill_port", "kill_port_command"),
+    "ps": ("lifecycle", "ps_command"),
+    "down": ("lifecycle", "down_command"),
+    "logs": ("lifecycle", "logs_command"),
+    "stacks": ("stacks", "stacks_command"),
+    "ssh-setup": ("ssh_setup", "ssh_setup_command"),
+    "sync": ("sync", "sync_command"),
+}
 
 
 def _version(value: bool) -> None:
@@ -24,7 +35,6 @@ def _version(value: bool) -> None:
         raise typer.Exit()
 
 
-@app.callback()
 def root(
     version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
                                           help="Print the version and exit.")] = False,
@@ -32,16 +42,35 @@ def root(
     """ddpctl: doctor, up, kill-port, ps, down, logs."""
 
 
-app.command("up")(up.up_command)
-app.command("doctor")(doctor.doctor_command)
-app.command("kill-port")(kill_port.kill_port_command)
-app.command("ps")(lifecycle.ps_command)
-app.command("down")(lifecycle.down_command)
-app.command("logs")(lifecycle.logs_command)
-app.command("stacks")(stacks.stacks_command)
-app.command("ssh-setup")(ssh_setup.ssh_setup_command)
-app.command("sync")(sync.sync_command)
+def build(only: str | None = None) -> typer.Typer:
+    """The app with every command, or with `only` that one."""
+    cli = typer.Typer(
+        name="ddpctl",
+        help="Diagnose, launch and clean up multi-node PyTorch DDP jobs over SSH.",
+        no_args_is_help=True,
+        add_completion=True,
+        pretty_exceptions_enable=False,
+    )
+    cli.callback()(root)
+    for name, (module, function) in COMMANDS.items():
+        if only in (None, name):
+            cli.command(name)(getattr(importlib.import_module(f"orchestrator.commands.{module}"), function))
+    return cli
+
+
+def command_named(args: Sequence[str]) -> str | None:
+    """The command this command line runs, where its first word names one; else None."""
+    for arg in args:
+        if not arg.startswith("-"):
+            return arg if arg in COMMANDS else None
+    return None
+
+
+def __getattr__(name: str) -> typer.Typer:
+    if name == "app":
+        return build()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def main() -> None:
-    app()
+    build(command_named(sys.argv[1:]))()
