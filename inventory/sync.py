@@ -7,8 +7,6 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-import pathspec
-
 from inventory.fields import check_keys, expect_bool, expect_str, expect_str_list
 from inventory.tomlsource import Reporter
 
@@ -74,6 +72,8 @@ def _check_pattern(src: Reporter, key: str, pattern: str) -> None:
     if not pattern.strip() or "\n" in pattern:
         raise src.error(key, "an exclude pattern must be one non-empty line",
                         'write .gitignore-style patterns, e.g. "data/" or "*.ckpt"', value=pattern)
+    import pathspec  # here, not at the top: every command loads job files, few have exclude patterns
+
     try:
         pathspec.GitIgnoreSpec.from_lines([pattern])
     except ValueError as err:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-import traceback
 from typing import Any, Callable, Dict
 
 from node_agent.protocol import PROTOCOL_VERSION, emit_result, read_request
@@ -33,13 +32,11 @@ OPS: Dict[str, str] = {
 
 
 def ping(request: Dict[str, Any], control: Any) -> Dict[str, Any]:
-    import os
-    import platform
     import socket
 
     return {
         "hostname": socket.gethostname(),
-        "python": platform.python_version(),
+        "python": sys.version.split()[0],
         "executable": sys.executable,
         "pid": os.getpid(),
         "protocol": PROTOCOL_VERSION,
@@ -68,6 +65,8 @@ def _run() -> int:
         request = read_request(control)
         result = _load(str(request["op"]))(request, control)
     except Exception as exc:  # an agent that crashes still answers with one JSON result
+        import traceback
+
         emit_result({"error": {"type": type(exc).__name__, "message": str(exc),
                                "traceback": traceback.format_exc()}, "exit_code": 70})
         return 70

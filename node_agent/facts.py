@@ -7,28 +7,27 @@ the sub-facts to run (the launch asks for a few); without it, doctor's whole set
 
 from __future__ import annotations
 
+import functools
 import os
-import platform
 import resource
 import shutil
 import socket
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any, BinaryIO, Callable, Dict, List, Optional, Tuple
 
 from node_agent import factparse
-from node_agent.ports import find_owners
-from node_agent.procfs import proc_user, user_name
+from node_agent.parallel import run_all
 from node_agent.protocol import emit_event
-from node_agent.runstate import job_is_supervised, proc_job_id
-from node_agent.syncdest import sha256_of
 from node_agent.torch_facts import fact_torch
 
+# Doctor runs this op on every host at once, so each import costs (hosts x its time): modules that
+# only some sub-facts need (psutil through ports, hashlib, pathlib, dataclasses) are imported
+# inside those sub-facts.
+
 CMD_TIMEOUT_S = 10.0
-NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")  # one entry per GPU the driver knows
+NVIDIA_GPUS = "/proc/driver/nvidia/gpus"  # one entry per GPU the driver knows
 
 
 def run(argv: List[str], timeout: float = CMD_TIMEOUT_S) -> str:
@@ -47,7 +46,7 @@ def fact_python(req: Dict[str, Any]) -> Dict[str, Any]:
     wanted = str(req.get("python") or "python3")
     found = shutil.which(wanted)
     return {"requested": wanted, "found": found, "agent_executable": sys.executable,
-            "agent_version": platform.python_version(), "path_env": os.environ.get("PATH", "")}
+            "agent_version": sys.version.split()[0], "path_env": os.environ.get("PATH", "")}
 
 
 def fact_cpu_count(req: Dict[str, Any]) -> int:
@@ -59,8 +58,8 @@ def fact_cpu_count(req: Dict[str, Any]) -> int:
 
 def fact_gpu_count(req: Dict[str, Any]) -> int:
     """NVIDIA GPUs the driver knows (0 where there is no driver or nvidia-smi fails)."""
-    if NVIDIA_GPUS.is_dir():
-        return len(list(NVIDIA_GPUS.iterdir()))
+    if os.path.isdir(NVIDIA_GPUS):
+        return len(os.listdir(NVIDIA_GPUS))
     try:
         return factparse.count_nvidia_list(run(["nvidia-smi", "-L"], timeout=15.0))
     except (OSError, RuntimeError, subprocess.SubprocessError):
@@ -77,6 +76,8 @@ def fact_free_port(req: Dict[str, Any]) -> int:
 def fact_gpus(req: Dict[str, Any]) -> Optional[Dict[str, Any]]:
     if shutil.which("nvidia-smi") is None:
         return None
+    from node_agent.procfs import user_name
+
     gpus = factparse.parse_nvidia_gpus(run(["nvidia-smi", "--query-gpu=index,uuid,name,"
                                             "memory.total,memory.used",
                                             "--format=csv,noheader,nounits"]))
@@ -91,15 +92,22 @@ def fact_gpus(req: Dict[str, Any]) -> Optional[Dict[str, Any]]:
 def gpu_app_owner(pid: int) -> Dict[str, Any]:
     """Whose a GPU process is: its user and ddpctl job id, each None where this host's /proc does
     not show it (a pid of another container's namespace; another user's environment)."""
+    from node_agent.procfs import proc_user
+    from node_agent.runstate import proc_job_id
+
     return {"user": proc_user(pid), "ddpctl_job_id": proc_job_id(pid)}
 
 
 def _sys_class_net() -> List[Dict[str, Any]]:
     out = []
-    for path in sorted(Path("/sys/class/net").iterdir()):
-        state = (path / "operstate").read_text().strip() if (path / "operstate").exists() else ""
-        out.append({"name": path.name, "up": state in ("up", "unknown"), "operstate": state,
-                    "loopback": path.name == "lo", "addresses": []})
+    for name in sorted(os.listdir("/sys/class/net")):
+        try:
+            with open(os.path.join("/sys/class/net", name, "operstate")) as f:
+                state = f.read().strip()
+        except OSError:
+            state = ""
+        out.append({"name": name, "up": state in ("up", "unknown"), "operstate": state,
+                    "loopback": name == "lo", "addresses": []})
     return out
 
 
@@ -112,7 +120,9 @@ def fact_interfaces(req: Dict[str, Any]) -> List[Dict[str, Any]]:
 
 def fact_resolve(name: str) -> List[Dict[str, str]]:
     seen: List[Dict[str, str]] = []
-    for family, _, _, _, sockaddr in socket.getaddrinfo(name, None, proto=socket.IPPROTO_TCP):
+    # An ASCII name goes as bytes: a str would load the idna codec (~4 ms) for nothing.
+    host = name.encode() if name.isascii() else name
+    for family, _, _, _, sockaddr in socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP):
         entry = {"family": "inet6" if family == socket.AF_INET6 else "inet",
                  "address": str(sockaddr[0])}
         if entry not in seen:
@@ -169,6 +179,9 @@ def fact_master_port(req: Dict[str, Any]) -> Dict[str, Any]:
                 out["bind_error"] = str(exc)
     if out["bindable"]:
         return out
+    from node_agent.ports import find_owners
+    from node_agent.runstate import job_is_supervised
+
     owners = find_owners(port, "tcp")["owners"]
     for owner in owners:
         job_id = owner.get("ddpctl_job_id")
@@ -178,11 +191,12 @@ def fact_master_port(req: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def fact_script(req: Dict[str, Any]) -> Dict[str, Any]:
-    path = Path(str(req["workdir"])).expanduser() / str(req["script"])
-    if not path.is_file():
-        return {"path": str(path), "exists": False}
-    return {"path": str(path), "exists": True, "sha256": sha256_of(str(path)),
-            "size": path.stat().st_size}
+    from node_agent.syncdest import sha256_of
+
+    path = os.path.join(os.path.expanduser(str(req["workdir"])), str(req["script"]))
+    if not os.path.isfile(path):
+        return {"path": path, "exists": False}
+    return {"path": path, "exists": True, "sha256": sha256_of(path), "size": os.stat(path).st_size}
 
 
 def fact_workdir(req: Dict[str, Any]) -> Dict[str, Any]:
@@ -195,8 +209,8 @@ def fact_workdir(req: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def fact_infiniband(req: Dict[str, Any]) -> List[str]:
-    root = Path("/sys/class/infiniband")
-    return sorted(p.name for p in root.iterdir()) if root.is_dir() else []
+    root = "/sys/class/infiniband"
+    return sorted(os.listdir(root)) if os.path.isdir(root) else []
 
 
 def fact_memlock(req: Dict[str, Any]) -> Dict[str, Optional[int]]:
@@ -270,13 +284,14 @@ def collect(request: Dict[str, Any], started: float) -> Dict[str, Any]:
     """Run the selected sub-facts (in parallel threads: the torch import dominates) and collect them."""
     facts: Dict[str, Any] = {"hostname": socket.gethostname()}
     table, errors = sub_facts(request)
-    with ThreadPoolExecutor(max_workers=max(1, len(table))) as pool:
-        futures = {name: pool.submit(fn, request) for name, fn in table.items()}
-        for name, future in futures.items():
-            try:
-                facts[name] = future.result()
-            except Exception as exc:
-                errors[name] = "%s: %s" % (type(exc).__name__, exc)
+    names = list(table)
+    outcomes = run_all([functools.partial(table[name], request) for name in names], len(names))
+    for i, (value, exc) in enumerate(outcomes):
+        name = names[i]
+        if exc is None:
+            facts[name] = value
+        else:
+            errors[name] = "%s: %s" % (type(exc).__name__, exc)
     facts["elapsed_s"] = time.monotonic() - started
     facts["time"] = time.time()
     return {"facts": facts, "errors": errors}

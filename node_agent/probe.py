@@ -14,9 +14,9 @@ import select
 import socket
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, BinaryIO, Dict, List, Optional, Tuple
 
+from node_agent.parallel import map_all
 from node_agent.protocol import emit_event
 
 DEFAULT_LISTEN_TIMEOUT_S = 120.0
@@ -176,6 +176,4 @@ def connect(request: Dict[str, Any], control: BinaryIO) -> Dict[str, Any]:
     timeout = float(request.get("timeout") or DEFAULT_CONNECT_TIMEOUT_S)
     if not targets:
         return {"results": []}
-    with ThreadPoolExecutor(max_workers=min(64, len(targets))) as pool:
-        results = list(pool.map(lambda t: connect_one(t, timeout), targets))
-    return {"results": results}
+    return {"results": map_all(lambda t: connect_one(t, timeout), targets)}

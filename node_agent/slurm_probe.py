@@ -17,11 +17,11 @@ import select
 import socket
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, BinaryIO, Dict, List, Optional, Tuple
 
 from node_agent.facts import collect
+from node_agent.parallel import map_all
 from node_agent.probe import connect_one, open_listeners
 from node_agent.runstate import read_json, write_json_atomic
 
@@ -87,8 +87,7 @@ def dial(peers: Dict[int, Dict[str, Any]], rank: int, timeout: float) -> List[Di
         result.update(rank=r, hostname=host, purpose=listener["purpose"], port=int(listener["port"]))
         return result
 
-    with ThreadPoolExecutor(max_workers=min(64, len(targets))) as pool:
-        return list(pool.map(one, targets))
+    return map_all(one, targets)
 
 
 def dial_master(master: str, peers: Dict[int, Dict[str, Any]], timeout: float) -> Dict[str, Any]:

@@ -17,14 +17,19 @@ TORCH_TIMEOUT_S = 90.0
 # argv[1] is a cache directory ("" for none): importing torch costs seconds, so its facts are
 # kept under a key of everything they depend on (interpreter, torch files, driver, visible GPUs).
 CACHE_KEY_SRC = r"""
-import glob, hashlib, importlib.util, json, os, platform, sys, time
+import json, os, sys, time, zlib
+from importlib.machinery import PathFinder
 def key():
-    parts = [sys.executable, platform.python_version(), os.environ.get("CUDA_VISIBLE_DEVICES", "")]
-    spec = importlib.util.find_spec("torch")
+    # Read on every host of every doctor run: no hashlib, glob or importlib.util (their imports
+    # cost more than the rest of this). crc32 + adler32 is a cache name, not a security check.
+    parts = [sys.executable, sys.version.split()[0], os.environ.get("CUDA_VISIBLE_DEVICES", "")]
+    spec = PathFinder.find_spec("torch")
     if spec is None or not spec.origin:
         return None
     root = os.path.dirname(spec.origin)
-    for path in [spec.origin, os.path.join(root, "version.py")] + glob.glob(root + "/_C*.so"):
+    libs = sorted(os.path.join(root, n) for n in os.listdir(root)
+                  if n.startswith("_C") and n.endswith(".so"))
+    for path in [spec.origin, os.path.join(root, "version.py")] + libs:
         st = os.stat(path)
         parts.append("%s:%d:%d" % (path, st.st_mtime_ns, st.st_size))
     try:
@@ -32,8 +37,9 @@ def key():
             parts.append(f.read())
     except OSError:
         pass
-    parts += sorted(glob.glob("/dev/nvidia[0-9]*"))
-    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
+    parts += sorted("/dev/" + n for n in os.listdir("/dev") if n.startswith("nvidia") and n[6:7].isdigit())
+    data = "\n".join(parts).encode()
+    return "%08x%08x" % (zlib.crc32(data), zlib.adler32(data))
 def cached(cache_dir):
     try:
         k = key() if cache_dir else None
@@ -53,7 +59,7 @@ path, d = cached(cache_dir)
 if d is not None:
     print("@@TORCH@@" + json.dumps(d))
     sys.exit(0)
-d = {"python": platform.python_version(), "executable": sys.executable}
+d = {"python": sys.version.split()[0], "executable": sys.executable}
 try:
     import torch
 except Exception as e:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
@@ -26,13 +26,13 @@ from orchestrator.commands.common import (
     load_inventory_arg,
 )
 from orchestrator.doctor import CheckStatus, DoctorContext, Finding, Report, run_doctor
-from orchestrator.doctor.collective import BandwidthReport, bandwidth_report, job_for, smoke_findings
 from orchestrator.doctor.context import from_inventory, from_job
 from orchestrator.doctor.render import render, to_json
-from orchestrator.doctor.slurm import run_slurm_doctor
-from orchestrator.launch.backends.base import Backend
-from orchestrator.launch.backends.ssh import SshBackend
 from orchestrator.remote.pool import DEFAULT_PARALLEL, make_pool
+
+if TYPE_CHECKING:
+    from orchestrator.doctor.collective import BandwidthReport
+    from orchestrator.launch.backends.base import Backend
 
 JobArg = Annotated[Path | None, typer.Argument(help="Job file (job.toml); its hosts, env and "
                                                "rendezvous are checked.")]
@@ -101,13 +101,20 @@ def doctor_command(
         if not json_out:
             err_console.print(f"[dim]doctor: {escape(text)}[/]")
 
+    # The Slurm doctor and the launch-path checks load the launch core: imported only when used
+    # (a plain doctor run's start-up is part of its wall time, bench/doctor_fanout.py).
     with pool:
         if job is not None and job.slurm is not None:
+            from orchestrator.doctor.slurm import run_slurm_doctor
+
             report = run_slurm_doctor(job, pool, timeout, not no_cache, notice)
         else:
             report = run_doctor(ctx, pool, notice)
         bw = None
         if smoke or bandwidth:
+            from orchestrator.doctor.collective import job_for
+            from orchestrator.launch.backends.ssh import SshBackend
+
             bw = run_launch_checks(report, job_for(ctx, job), SshBackend(pool), notice, smoke, bandwidth, pairs,
                                    max_bytes, runs_dir)
     if json_out:
@@ -122,6 +129,8 @@ def doctor_command(
 def run_launch_checks(report: Report, job: Job, backend: Backend, notice: Callable[[str], None], smoke: bool,
                       bandwidth: bool, pairs: bool, max_bytes: str, runs_dir: Path) -> BandwidthReport | None:
     """After the other checks pass: the smoke test and/or the bandwidth table, as findings."""
+    from orchestrator.doctor.collective import bandwidth_report, smoke_findings
+
     wanted = [c for c, on in (("smoke", smoke), ("bandwidth", bandwidth)) if on]
     report.checks += wanted
     if report.count(CheckStatus.FAIL):

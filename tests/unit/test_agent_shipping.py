@@ -76,3 +76,32 @@ def test_protocol_lines_are_separated_from_program_output() -> None:
     reply = parse_reply(CommandResult("h", ("x",), 0, out, "", 0.1))
     assert reply.output == ["hello"] and reply.events[0]["pid"] == 3 and reply.result == {"x": 1}
     assert sys.executable  # the agent was exercised under this interpreter above
+
+
+def _imported(argv: list[str], stdin: bytes) -> set[str]:
+    """Modules a real interpreter imports running argv (its -X importtime report)."""
+    import os
+    import subprocess
+
+    proc = subprocess.run(argv, input=stdin, capture_output=True, check=True,
+                          env={**os.environ, "PYTHONPROFILEIMPORTTIME": "1"})
+    return {line.split("|")[-1].strip() for line in proc.stderr.decode().splitlines()
+            if line.startswith("import time:") and line.count("|") == 2}
+
+
+def test_a_workers_facts_op_imports_only_what_its_sub_facts_need() -> None:
+    """Doctor runs the facts op on every host at once: psutil (the master port's owners), hashlib
+    (a script's digest), concurrent.futures/logging, importlib.abc/util and the idna codec are
+    imports a worker without a script does not need."""
+    from orchestrator.remote.agent import agent_argv, request_bytes
+
+    request = {"python": sys.executable, "workdir": "/tmp", "master_addr": "127.0.0.1",
+               "master_port": 29500, "check_port": False, "env_names": [], "env_prefixes": ["NCCL_"],
+               "probe": {"ports": [0], "timeout": 10}}
+    baseline = _imported([sys.executable, "-c", "pass"], b"")  # site's own (e.g. an editable install)
+    agent = _imported(agent_argv(sys.executable), request_bytes("facts", request)) - baseline
+    assert {"node_agent.torch_facts", "node_agent.probe"} <= agent  # it did run the op
+    heavy = {"psutil", "hashlib", "concurrent.futures", "logging", "importlib.abc", "importlib.util",
+             "encodings.idna", "platform", "pathlib", "dataclasses", "node_agent.ports",
+             "node_agent.syncdest", "node_agent.runstate", "node_agent.procfs"}
+    assert agent & heavy == set()

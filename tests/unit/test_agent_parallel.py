@@ -1,0 +1,52 @@
+"""node_agent/parallel.py: the agent's thread fan-out (sub-facts, TCP dials)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from node_agent.parallel import map_all, run_all
+
+
+def test_each_call_gives_its_result_or_its_exception_in_order() -> None:
+    def boom() -> int:
+        raise ValueError("no")
+
+    outcomes = run_all([lambda: 1, boom, lambda: 3])
+    assert [r for r, _ in outcomes] == [1, None, 3]
+    assert outcomes[0][1] is None and outcomes[2][1] is None
+    assert isinstance(outcomes[1][1], ValueError) and str(outcomes[1][1]) == "no"
+
+
+def test_at_most_limit_calls_run_at_once_and_they_do_overlap() -> None:
+    lock = threading.Lock()
+    active = peak = 0
+    barrier = threading.Barrier(2, timeout=30)  # two calls must be running together to pass it
+
+    def call() -> None:
+        nonlocal active, peak
+        with lock:
+            active += 1
+            peak = max(peak, active)
+        barrier.wait()
+        with lock:
+            active -= 1
+
+    outcomes = run_all([call] * 6, limit=2)
+    assert all(exc is None for _, exc in outcomes)
+    assert peak == 2
+
+
+def test_map_all_keeps_the_order_and_raises_the_first_failure() -> None:
+    assert map_all(lambda x: x * 2, [3, 1, 2]) == [6, 2, 4]
+
+    def picky(x: int) -> int:
+        if x % 2:
+            raise KeyError(x)
+        return x
+
+    with pytest.raises(KeyError) as caught:
+        map_all(picky, [2, 3, 5])
+    assert caught.value.args == (3,)
+    assert map_all(picky, []) == []
