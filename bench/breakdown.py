@@ -31,6 +31,21 @@ def user_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
 
 
+def host_python(where: Path) -> Path:
+    """An interpreter as a cluster host has one: this one's packages (torch among them) but not
+    ddpctl, which hosts never install (the agent is shipped). This machine's venv has ddpctl as an
+    editable install, whose finder every Python start there imports (~10 ms, pathlib and more):
+    a cost of this checkout, not of a host. A venv whose one .pth names this site-packages."""
+    import site
+    import venv
+
+    venv.EnvBuilder(with_pip=False, symlinks=True).create(where)
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    (where / "lib" / version / "site-packages" / "host-packages.pth").write_text(
+        "\n".join(site.getsitepackages()) + "\n")
+    return where / "bin" / "python"
+
+
 def fixed_costs(ssh_config: Path, hosts: Sequence[Host], runs: int,
                 last: tuple[str, Callable[[HostPool], object]]) -> dict[str, float]:
     """Each fixed cost of a command alone: seconds, medians over `runs`."""

@@ -6,6 +6,8 @@ shell completion and `app` (the tests' CliRunner) get the whole app."""
 
 from __future__ import annotations
 
+import atexit
+import gc
 import importlib
 import sys
 from collections.abc import Sequence
@@ -73,4 +75,7 @@ def __getattr__(name: str) -> typer.Typer:
 
 
 def main() -> None:
+    # The process ends right after its command: no last garbage collection over every module it
+    # imported (~45 ms of each command's wall time; atexit runs the first-registered handler last).
+    atexit.register(gc.freeze)
     build(command_named(sys.argv[1:]))()

@@ -31,7 +31,8 @@ def test_payload_carries_every_agent_module() -> None:
     import zlib
 
     header, blob = agent_payload().split(b"\n", 1)
-    assert int(header) == len(blob)
+    size, key = header.split()
+    assert int(size) == len(blob) and len(key) == 20
     sources = json.loads(zlib.decompress(blob))
     modules = {p.stem for p in Path(node_agent.__file__).parent.glob("*.py")}
     assert {name.rsplit(".", 1)[-1] for name in sources} - {"node_agent"} == modules - {"__init__"}
@@ -105,3 +106,43 @@ def test_a_workers_facts_op_imports_only_what_its_sub_facts_need() -> None:
              "encodings.idna", "platform", "pathlib", "dataclasses", "node_agent.ports",
              "node_agent.syncdest", "node_agent.runstate", "node_agent.procfs"}
     assert agent & heavy == set()
+
+
+def test_the_agent_compiles_once_and_trusts_only_a_cache_its_user_alone_can_write(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+    import marshal
+    import stat
+    import zlib
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.delenv("PYTHONDONTWRITEBYTECODE", raising=False)
+    t = LocalTransport(replace(LOCALHOST, python=sys.executable))
+    assert call_agent(t, "ping").result["protocol"] == 1
+    [cache] = (tmp_path / "ddpctl").glob("agent-*.bin")
+    assert stat.S_IMODE(cache.stat().st_mode) == 0o600
+
+    # The next call runs the cached code objects, not its own compile: a changed copy shows.
+    source = json.loads(zlib.decompress(agent_payload().split(b"\n", 1)[1]))["node_agent.__main__"][1]
+    assert '"protocol": PROTOCOL_VERSION' in source
+    codes = marshal.loads(cache.read_bytes())
+    codes["node_agent.__main__"] = (False, marshal.dumps(compile(
+        source.replace('"protocol": PROTOCOL_VERSION', '"protocol": 99'), "m", "exec")))
+    cache.write_bytes(marshal.dumps(codes))
+    assert call_agent(t, "ping").result["protocol"] == 99
+
+    # Writable by its group: not trusted; the agent compiles and writes a fresh 0600 copy.
+    cache.chmod(0o620)
+    assert call_agent(t, "ping").result["protocol"] == 1
+    assert stat.S_IMODE(cache.stat().st_mode) == 0o600
+    assert call_agent(t, "ping").result["protocol"] == 1
+
+    # Another layout (code objects, not their bytes) and garbage are ignored; a copy for other
+    # sources (an older ddpctl) goes when this one is written.
+    cache.write_bytes(marshal.dumps({"node_agent.__main__": (False, compile("x = 1", "m", "exec"))}))
+    assert call_agent(t, "ping").result["protocol"] == 1
+    stale = cache.with_name("agent-" + "0" * 20 + cache.name[len("agent-") + 20:])
+    stale.write_bytes(cache.read_bytes())
+    cache.write_bytes(b"not marshal data")
+    assert call_agent(t, "ping").result["protocol"] == 1
+    assert sorted(p.name for p in (tmp_path / "ddpctl").iterdir()) == [cache.name]
