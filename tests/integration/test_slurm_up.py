@@ -327,8 +327,10 @@ def test_requeue_before_the_time_limit_resumes_from_the_checkpoint(slurm_cluster
         assert slurm_cluster.slurm("scancel", "--signal=USR1", "--batch", slurm_id).returncode == 0
         wait_for(lambda: "PENDING" in slurm_cluster.slurm("squeue", "-h", "-j", slurm_id, "-o", "%T").stdout,
                  120, "the job to be requeued")
-        # Slurm holds a requeued job for a while (BeginTime): let it start now
-        assert slurm_cluster.slurm("scontrol", "update", f"JobId={slurm_id}", "StartTime=now").returncode == 0
+        # Slurm holds a requeued job for a while (BeginTime): let it start sooner, but not in the second
+        # its old run was killed in: slurmd revokes the job's credential on a one-second clock, and a
+        # new run allocated within that second is killed ("Job credential revoked") before it starts
+        assert slurm_cluster.slurm("scontrol", "update", f"JobId={slurm_id}", "StartTime=now+2").returncode == 0
         assert proc.wait(240) == 0, out.read_text()[-4000:]
     finally:
         if proc.poll() is None:
