@@ -6,6 +6,7 @@ Python there), and the command's own round trip (`last`). Shared by the benchmar
 from __future__ import annotations
 
 import os
+import pwd
 import statistics
 import subprocess
 import sys
@@ -27,8 +28,15 @@ from tests.ddpctl_run import ddpctl_argv  # noqa: E402
 def user_env() -> dict[str, str]:
     """This environment, as a user's shell has it: this machine sets PYTHONDONTWRITEBYTECODE=1,
     which makes every ddpctl start compile its own sources again (about 0.15 s); a user's Python
-    writes bytecode on first run, and pip compiles it at install."""
-    return {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    writes bytecode on first run, and pip compiles it at install. And a login session has USER and
+    LOGNAME (login and sshd set them), which this machine's commands run without: paramiko asks
+    getpass.getuser() for every ssh_config block at every lookup, and without them each answer is
+    a passwd lookup (about 1 ms per host connected, on a 16-host config)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    name = pwd.getpwuid(os.getuid()).pw_name
+    env.setdefault("USER", name)
+    env.setdefault("LOGNAME", name)
+    return env
 
 
 def host_python(where: Path) -> Path:

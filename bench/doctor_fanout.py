@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import statistics
 import subprocess
@@ -101,7 +100,7 @@ def measure(cluster: Cluster, homes: str, n: int, repeat: int, cold: bool, tmp: 
             python: Path) -> Row:
     inventory = write_inventory(cluster, n, tmp / f"hosts{n}.toml", python)
     doctor = ddpctl_argv("doctor", "-i", str(inventory), "--ssh-config", str(cluster.ssh_config), "--json")
-    pdsh_env = {**os.environ, "PDSH_SSH_ARGS_APPEND": f"-F {cluster.ssh_config}"}
+    pdsh_env = {**user_env(), "PDSH_SSH_ARGS_APPEND": f"-F {cluster.ssh_config}"}
     pdsh: list[float] = []
     warm: list[float] = []
     colds: list[float] = []

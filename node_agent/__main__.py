@@ -5,9 +5,12 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-from typing import Any, Callable, Dict
 
 from node_agent.protocol import PROTOCOL_VERSION, emit_result, read_request
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing is for the checker only (node_agent/__init__.py)
+    from typing import Any, Callable, Dict
 
 # op name -> "module:function". Each function takes (request, control_stream) and returns a
 # JSON-able dict; an "exit_code" key in it becomes the process exit code.

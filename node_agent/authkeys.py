@@ -12,7 +12,10 @@ import fcntl
 import os
 import pwd
 import re
-from typing import Any, BinaryIO, Dict, Optional, Tuple
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing is for the checker only (node_agent/__init__.py)
+    from typing import Any, BinaryIO, Dict, Optional, Tuple
 
 _KEY_TYPE = re.compile(r"^(ssh-[a-z0-9-]+|ecdsa-sha2-[a-z0-9-]+|sk-[a-z0-9-]+@openssh\.com)"
                        r"(-cert-v01@openssh\.com)?$")

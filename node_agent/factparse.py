@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Dict, List, Optional, Tuple
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing is for the checker only (node_agent/__init__.py)
+    from typing import Any, Dict, List, Optional, Tuple
 
 BLOCKING_TARGETS = ("DROP", "REJECT")
 

@@ -14,13 +14,17 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
-from typing import Any, BinaryIO, Callable, Dict, List, Optional, Tuple
 
 from node_agent import factparse
 from node_agent.parallel import run_all
 from node_agent.protocol import emit_event
 from node_agent.torch_facts import fact_torch
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing is for the checker only (node_agent/__init__.py)
+    from typing import Any, BinaryIO, Callable, Dict, List, Optional, Tuple
 
 # Doctor runs this op on every host at once, so each import costs (hosts x its time): modules that
 # only some sub-facts need (psutil through ports, hashlib, pathlib, dataclasses) are imported
@@ -234,7 +238,9 @@ def fact_hostname_resolution(req: Dict[str, Any]) -> List[Dict[str, str]]:
     return fact_resolve(socket.gethostname())
 
 
-Fact = Callable[[Dict[str, Any]], Any]
+if TYPE_CHECKING:
+    Fact = Callable[[Dict[str, Any]], Any]
+
 ON_SELECT_ONLY = frozenset({"gpu_count"})  # not in doctor's set: doctor reads fact_gpus
 # Sub-facts that run only when the request carries their input, selected or not.
 NEEDS: Dict[str, Callable[[Dict[str, Any]], bool]] = {
@@ -299,8 +305,10 @@ def collect(request: Dict[str, Any], started: float) -> Dict[str, Any]:
 
 def gather(request: Dict[str, Any], control: BinaryIO) -> Dict[str, Any]:
     """The facts op. With request["probe"] = {"ports": [...], "timeout": s} it first listens on
-    those ports (event `listening`), then sends the facts as event `facts`, then serves
-    `CONNECT` control lines until stdin EOF (see node_agent/probe.py).
+    those ports (event `listening`, with the address its peers should dial), then serves `CONNECT`
+    control lines until stdin EOF (see node_agent/probe.py) while it gathers the facts (event
+    `facts`): the control plane sends the CONNECT round as soon as every host listens, so a host
+    may dial its peers, and send `connected`, before its own facts are out.
 
     With request["then"] == "supervise" (a launch) it sends the facts as event `facts` too and
     then waits (up to request["hold_s"]) for the control plane's verdict: `START {request}` runs
@@ -315,17 +323,21 @@ def gather(request: Dict[str, Any], control: BinaryIO) -> Dict[str, Any]:
 
     sockets, ports = probe.open_listeners([int(p) for p in spec.get("ports") or [0]]) if spec else ({}, [])
     if spec:
-        probe.listening_event(ports)
+        probe.listening_event(ports, probe.source_toward(str(request.get("master_addr") or "")))
     master = [p for p in ports if request.get("master_port") and
               p["requested"] == int(request["master_port"])]
     if master:
         request = dict(request, _bound_by_probe=master[0]["port"] is not None,
                        _bind_error=master[0]["error"])
-    result = collect(request, started)
-    emit_event("facts", **result)
     timeout = float((spec or {}).get("timeout") or request.get("hold_s") or 120.0)
     start: List[Dict[str, Any]] = []
-    served = probe.serve(sockets, ports, control, timeout, start if then else None)
+    served: Dict[str, Any] = {}
+    server = threading.Thread(target=lambda: served.update(
+        probe.serve(sockets, ports, control, timeout, start if then else None)), daemon=True)
+    server.start()
+    result = collect(request, started)
+    emit_event("facts", **result)
+    server.join()
     if spec:
         result["probe"] = served
     if start:  # the probe's listeners (the master port's among them) are closed by now

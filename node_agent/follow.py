@@ -8,9 +8,12 @@ import os
 import re
 import threading
 import time
-from typing import Any, BinaryIO, Dict, List
 
 from node_agent.protocol import emit_event
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing is for the checker only (node_agent/__init__.py)
+    from typing import Any, BinaryIO, Dict, List
 
 TICK_S = 1.0
 MAX_LINE = 1 << 20  # a longer "line" (no newline) is passed on in pieces

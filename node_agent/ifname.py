@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from typing import List, Optional, Sequence
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing is for the checker only (node_agent/__init__.py)
+    from typing import List, Optional, Sequence
+
 
 # NCCL's automatic choice when NCCL_SOCKET_IFNAME is unset (ncclFindInterfaces): IB first,
 # then anything but docker/lo, then docker, then lo.

@@ -5,12 +5,15 @@ from __future__ import annotations
 import subprocess
 import time
 from pathlib import Path
-from typing import Any, BinaryIO, Dict, Optional
 
 from node_agent.factparse import parse_nvidia_apps
 from node_agent.procfs import alive
 from node_agent.protocol import write_line
 from node_agent.runstate import end_job, iter_states, job_pids, proc_start_ticks
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing is for the checker only (node_agent/__init__.py)
+    from typing import Any, BinaryIO, Dict, Optional
 
 
 def _running(state: Dict[str, Any]) -> bool:

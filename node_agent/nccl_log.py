@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Dict, Iterable, List
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing is for the checker only (node_agent/__init__.py)
+    from typing import Any, Dict, Iterable, List
 
 NETWORK = re.compile(r"NCCL INFO Using network (\S+)")
 USING_IF = re.compile(r"NCCL INFO (NET/\S+|Bootstrap)\s*: Using (.+)$")

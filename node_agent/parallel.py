@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import functools
 import threading
-from typing import Callable, List, Optional, Sequence, Tuple, TypeVar
 
-T = TypeVar("T")
-R = TypeVar("R")
-Outcome = Tuple[Optional[T], Optional[Exception]]  # (result, None) or (None, the exception)
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing is for the checker only (node_agent/__init__.py)
+    from typing import Callable, List, Optional, Sequence, Tuple, TypeVar
+
+    T = TypeVar("T")
+    R = TypeVar("R")
+    Outcome = Tuple[Optional[T], Optional[Exception]]  # (result, None) or (None, the exception)
 
 
 def run_all(calls: Sequence[Callable[[], T]], limit: int = 64) -> List[Outcome[T]]:

@@ -13,11 +13,14 @@ import os
 import pwd
 import time
 from pathlib import Path
-from typing import Any, BinaryIO, Dict, Iterable, List, Optional, Set
 
 from node_agent.procfs import iter_stats, proc_cmdline, process_groups, read_stat
 from node_agent.runstate import proc_job_id
 from node_agent.terminate import terminate
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing is for the checker only (node_agent/__init__.py)
+    from typing import Any, BinaryIO, Dict, Iterable, List, Optional, Set
 
 try:
     import psutil

@@ -14,10 +14,13 @@ import select
 import socket
 import threading
 import time
-from typing import Any, BinaryIO, Dict, List, Optional, Tuple
 
 from node_agent.parallel import map_all
 from node_agent.protocol import emit_event
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing is for the checker only (node_agent/__init__.py)
+    from typing import Any, BinaryIO, Dict, List, Optional, Tuple
 
 DEFAULT_LISTEN_TIMEOUT_S = 120.0
 DEFAULT_CONNECT_TIMEOUT_S = 3.0
@@ -91,9 +94,36 @@ def open_listeners(wanted: List[int]) -> Tuple[Dict[int, socket.socket], List[Di
     return sockets, ports
 
 
-def listening_event(ports: List[Dict[str, Any]]) -> None:
-    emit_event("listening", ports=[{"requested": p["requested"], "port": p["port"],
-                                    "error": p["error"]} for p in ports])
+def source_toward(master_addr: str) -> Optional[str]:
+    """The address this host's route to the master leaves from, which its peers dial (the kernel's
+    pick for a UDP socket connected there: no packet is sent); None for the master itself, a
+    loopback route, or a master that does not resolve or route. IPv4 first, as the facts' routes."""
+    if not master_addr:
+        return None
+    host = master_addr.encode() if master_addr.isascii() else master_addr  # no idna codec import
+    try:
+        found = socket.getaddrinfo(host, None, proto=socket.IPPROTO_UDP)
+    except (OSError, UnicodeError):
+        return None
+    for family in (socket.AF_INET, socket.AF_INET6):
+        for fam, _, _, _, sockaddr in found:
+            if fam != family:
+                continue
+            try:
+                with socket.socket(family, socket.SOCK_DGRAM) as s:
+                    s.connect((sockaddr[0], 9))
+                    source = str(s.getsockname()[0])
+            except OSError:
+                break  # no route in this family: try the next
+            if source == sockaddr[0] or source.startswith("127.") or source == "::1":
+                return None  # the master's own address, or loopback
+            return source
+    return None
+
+
+def listening_event(ports: List[Dict[str, Any]], source: Optional[str] = None) -> None:
+    emit_event("listening", source=source, ports=[{"requested": p["requested"], "port": p["port"],
+                                                   "error": p["error"]} for p in ports])
 
 
 def serve(sockets: Dict[int, socket.socket], ports: List[Dict[str, Any]], control: BinaryIO,

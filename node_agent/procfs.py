@@ -6,7 +6,10 @@ import os
 import pwd
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing is for the checker only (node_agent/__init__.py)
+    from typing import Dict, Iterator, List, Optional
 
 # Fields after the comm's closing ")" (proc(5) numbers them from 3): 0 is state, 19 starttime.
 _STATE, _PPID, _PGRP, _STARTTIME = 0, 1, 2, 19

@@ -16,7 +16,10 @@ from __future__ import annotations
 import json
 import sys
 import threading
-from typing import Any, BinaryIO, Dict, Optional
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing is for the checker only (node_agent/__init__.py)
+    from typing import Any, BinaryIO, Dict, Optional
 
 EVENT_PREFIX = "@@DDPCTL-EVENT@@ "
 RESULT_PREFIX = "@@DDPCTL-RESULT@@ "

@@ -30,7 +30,10 @@ import socket
 import sys
 import time
 import traceback
-from typing import Any, Callable, List, Optional, Sequence
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing is for the checker only (node_agent/__init__.py)
+    from typing import Any, Callable, List, Optional, Sequence
 
 RANK_DIR_ENV = "DDPCTL_RANK_DIR"
 C10D = "torch.distributed.distributed_c10d"

@@ -8,10 +8,13 @@ import os
 import signal
 import socket
 from pathlib import Path
-from typing import Any, Dict, Iterable, Iterator, List, Optional
 
 from node_agent.procfs import alive, proc_environ, read_stat
 from node_agent.terminate import terminate
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing is for the checker only (node_agent/__init__.py)
+    from typing import Any, Dict, Iterable, Iterator, List, Optional
 
 JOB_ENV = "DDPCTL_JOB_ID"
 NODE_RANK_ENV = "DDPCTL_NODE_RANK"

@@ -18,12 +18,15 @@ import socket
 import threading
 import time
 from pathlib import Path
-from typing import Any, BinaryIO, Dict, List, Optional, Tuple
 
 from node_agent.facts import collect
 from node_agent.parallel import map_all
 from node_agent.probe import connect_one, open_listeners
 from node_agent.runstate import read_json, write_json_atomic
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing is for the checker only (node_agent/__init__.py)
+    from typing import Any, BinaryIO, Dict, List, Optional, Tuple
 
 DEFAULT_WAIT_S = 30.0
 DEFAULT_CONNECT_TIMEOUT_S = 3.0

@@ -8,10 +8,13 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, BinaryIO, Dict, List, Optional
 
 from node_agent.procfs import proc_environ
 from node_agent.runstate import iter_states, job_pids
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing is for the checker only (node_agent/__init__.py)
+    from typing import Any, BinaryIO, Dict, List, Optional
 
 
 def find_py_spy(python: Optional[str]) -> Optional[str]:

@@ -23,7 +23,6 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any, BinaryIO, Dict, List, Optional, Sequence
 
 from node_agent.nccl_log import parse_files
 from node_agent.protocol import emit_event, write_line
@@ -35,6 +34,10 @@ from node_agent.runstate import (
     state_dir,
     write_json_atomic,
 )
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing is for the checker only (node_agent/__init__.py)
+    from typing import Any, BinaryIO, Dict, List, Optional, Sequence
 
 HEARTBEAT_EVERY = 2.0
 TORCHRUN_MODULE = "torch.distributed.run"

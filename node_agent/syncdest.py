@@ -9,7 +9,10 @@ import os
 import shutil
 import stat
 import tarfile
-from typing import Any, BinaryIO, Dict, List
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing is for the checker only (node_agent/__init__.py)
+    from typing import Any, BinaryIO, Dict, List
 
 CHUNK = 1 << 20
 

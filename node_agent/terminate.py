@@ -6,9 +6,12 @@ import os
 import signal
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterable, List, Optional
 
 from node_agent.procfs import alive, proc_cmdline, read_stat
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing is for the checker only (node_agent/__init__.py)
+    from typing import Any, Callable, Dict, Iterable, List, Optional
 
 KILL_WAIT_S = 5.0  # after SIGKILL: the kernel still has to reap
 POLL_S = 0.05

@@ -7,9 +7,12 @@ import os
 import shutil
 import subprocess
 import sys
-from typing import Any, Dict, Optional
 
 from node_agent import factparse
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing is for the checker only (node_agent/__init__.py)
+    from typing import Any, Dict, Optional
 
 TORCH_TIMEOUT_S = 90.0
 

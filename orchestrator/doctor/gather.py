@@ -63,6 +63,7 @@ class Session:
     host: str
     running: AgentStream
     events: queue.Queue[Message] = field(default_factory=queue.Queue)
+    early: dict[str, AgentEvent] = field(default_factory=dict)  # read while waiting for another
 
     def pump(self) -> None:
         try:
@@ -82,7 +83,10 @@ class Session:
 
     def wait_for(self, name: str, deadline: float) -> AgentEvent | AgentResult:
         """The next `name` event (name "result": the op's result); an early result, EOF or the
-        deadline is this host's error."""
+        deadline is this host's error. Another event read on the way is kept for its own wait (a
+        host may send `connected` before its `facts`)."""
+        if name in self.early:
+            return self.early.pop(name)
         while True:
             try:
                 message = self.events.get(timeout=max(0.0, deadline - time.monotonic()))
@@ -99,6 +103,8 @@ class Session:
                     raise agent_failed(self.host, message.error)
             elif message.name == name:
                 return message
+            elif message is not _EOF:
+                self.early[message.name] = message
             if isinstance(message, AgentResult) or message is _EOF:
                 detail = "\n".join(self.running.other[-5:]) or "(no output)"
                 raise HostError(self.host, HostErrorKind.AGENT,
@@ -111,39 +117,87 @@ class Session:
 
 
 @dataclass
+class Listening:
+    """A host's probe listeners, as it reported them before its facts."""
+
+    session: Session
+    ports: dict[int, int | None]  # requested port -> bound port (None: busy)
+    source: str | None  # the address its route to the master leaves from (None: the master's own)
+    targets: list[Target] | None = None  # the CONNECT round sent to it (None: not yet)
+
+
+@dataclass
 class Opened:
-    """A session that has listened and sent its facts."""
+    """A session that has sent its facts (and, with the probe, listened first)."""
 
     session: Session
     facts: HostFacts
-    ports: dict[int, int | None]  # requested port -> bound port (None: busy)
+    listening: Listening | None = None
+
+    @property
+    def ports(self) -> dict[int, int | None]:
+        return self.listening.ports if self.listening is not None else {}
+
+
+class ProbeRound:
+    """Sends every listening host its CONNECT round once each host has listened or failed, so the
+    hosts dial each other while they still gather their facts."""
+
+    def __init__(self, ctx: DoctorContext, job_holds_master: bool) -> None:
+        self.ctx = ctx
+        self.job_holds_master = job_holds_master
+        self.waiting = {h.name for h in ctx.hosts}
+        self.listening: dict[str, Listening] = {}
+        self.sent = False
+        self._lock = threading.Lock()
+
+    def listened(self, host: str, listening: Listening | None) -> None:
+        """`host` listened (None: it failed first); the last one to report sends the round."""
+        with self._lock:
+            if listening is not None:
+                self.listening[host] = listening
+            self.waiting.discard(host)
+            if self.waiting or self.sent:
+                return
+            self.sent = True
+        if len(self.listening) > 1:
+            send_round(self.ctx, self.listening, self.job_holds_master)
 
 
 def open_sessions(pool: HostPool, ctx: DoctorContext, probe: bool,
-                  select: Sequence[str] | None = None, hold: bool = False) -> FanOut[Opened]:
+                  select: Sequence[str] | None = None, hold: bool = False,
+                  job_holds_master: bool = False) -> FanOut[Opened]:
     """Start the facts op on every host in parallel and wait for each one's facts (`hold`: the
-    sessions then wait for a START, see facts_request)."""
+    sessions then wait for a START, see facts_request). With `probe` the CONNECT round goes out
+    as soon as every host has listened (ProbeRound); run_probe collects its results."""
     by_name = {h.name: h for h in ctx.hosts}
+    rounds = ProbeRound(ctx, job_holds_master) if probe else None
 
     def one(transport: Transport) -> Opened:
         host = by_name[transport.host.name]
-        sent = time.time()
-        deadline = time.monotonic() + ctx.timeout_s
-        session = Session(host.name, start_agent(transport, "facts",
-                                                 facts_request(ctx, host, probe, select, hold)))
-        threading.Thread(target=session.pump, daemon=True).start()
+        listening: Listening | None = None
         try:
-            ports: dict[int, int | None] = {}
-            if probe:
-                listening = session.wait_for("listening", deadline)
-                ports = {int(p["requested"]): p.get("port") for p in listening.get("ports", [])}
-            event = session.wait_for("facts" if probe or hold else "result", deadline)
-        except HostError:
-            session.running.abort()
-            raise
+            sent = time.time()
+            deadline = time.monotonic() + ctx.timeout_s
+            session = Session(host.name, start_agent(transport, "facts",
+                                                     facts_request(ctx, host, probe, select, hold)))
+            threading.Thread(target=session.pump, daemon=True).start()
+            try:
+                if rounds is not None:
+                    event = session.wait_for("listening", deadline)
+                    listening = Listening(session, {int(p["requested"]): p.get("port")
+                                                    for p in event.get("ports", [])}, event.get("source"))
+                    rounds.listened(host.name, listening)
+                event = session.wait_for("facts" if probe or hold else "result", deadline)
+            except HostError:
+                session.running.abort()
+                raise
+        finally:
+            if rounds is not None and listening is None:
+                rounds.listened(host.name, None)
         facts = HostFacts(host.name, event.get("facts", {}), event.get("errors", {}), sent,
                           time.time())
-        return Opened(session, facts, ports)
+        return Opened(session, facts, listening)
 
     return pool.map(ctx.hosts, one)
 
@@ -156,21 +210,24 @@ class Target:
     purpose: str
 
 
-def probe_address(host: Host, facts: HostFacts | None) -> str:
-    """The address peers dial: the source address of this host's route to the master."""
-    return (facts.route_source if facts is not None else None) or host.address
+def probe_address(host: Host, listening: Listening | None, facts: HostFacts | None = None) -> str:
+    """The address peers dial: the source address of this host's route to the master, as it
+    reported it when it listened (else as its facts' routes show it), else its inventory address."""
+    return ((listening.source if listening is not None else None)
+            or (facts.route_source if facts is not None else None) or host.address)
 
 
-def plan_targets(ctx: DoctorContext, opened: dict[str, Opened], job_holds_master: bool = False) -> list[Target]:
+def plan_targets(ctx: DoctorContext, listening: Mapping[str, Listening],
+                 job_holds_master: bool = False) -> list[Target]:
     """Each host's ephemeral listener, and the master port where the probe listens on it (or,
     `job_holds_master`, where the running job's rendezvous store does)."""
     targets = []
     for host in ctx.hosts:
-        if host.name not in opened:
+        if host.name not in listening:
             continue
-        ports = opened[host.name].ports
+        ports = listening[host.name].ports
         if ports.get(0):
-            targets.append(Target(host.name, probe_address(host, opened[host.name].facts),
+            targets.append(Target(host.name, probe_address(host, listening[host.name]),
                                   int(ports[0] or 0), "ephemeral"))
         held = job_holds_master and host.name == ctx.master.name
         if ctx.master_port is not None and (ports.get(ctx.master_port) or held):
@@ -178,21 +235,33 @@ def plan_targets(ctx: DoctorContext, opened: dict[str, Opened], job_holds_master
     return targets
 
 
+def send_round(ctx: DoctorContext, listening: Mapping[str, Listening], job_holds_master: bool) -> None:
+    """Each listening host dials every other host's listeners (one CONNECT line each)."""
+    targets = plan_targets(ctx, listening, job_holds_master)
+    for name, ln in listening.items():
+        ln.targets = [t for t in targets if t.host != name]
+        ln.session.send("CONNECT", {"targets": [f"{_bracket(t.address)}:{t.port}" for t in ln.targets],
+                                    "timeout": ctx.connect_timeout_s})
+
+
 def _bracket(addr: str) -> str:
     return f"[{addr}]" if ":" in addr else addr
 
 
 def run_probe(ctx: DoctorContext, opened: dict[str, Opened], job_holds_master: bool = False) -> ProbeResults:
-    """Every host dials every other host's listeners at once; results come back as events."""
+    """Every host dials every other host's listeners at once; results come back as events. The
+    round open_sessions sent as the hosts listened is the one read here; where it never went out
+    (fewer than two hosts listened, or a host failed before its session started), these hosts get
+    one now."""
     out = ProbeResults()
-    targets = plan_targets(ctx, opened, job_holds_master)
-    mine = {name: [t for t in targets if t.host != name] for name in opened}
-    for name, o in opened.items():
-        o.session.send("CONNECT", {"targets": [f"{_bracket(t.address)}:{t.port}"
-                                               for t in mine[name]],
-                                   "timeout": ctx.connect_timeout_s})
+    late = {name: o.listening for name, o in opened.items()
+            if o.listening is not None and o.listening.targets is None}
+    if late:
+        send_round(ctx, late, job_holds_master)
     deadline = time.monotonic() + ctx.connect_timeout_s * 2 + 30
     for name, o in opened.items():
+        if o.listening is None or o.listening.targets is None:
+            continue
         try:
             results = o.session.wait_for("connected", deadline).get("results", [])
         except HostError as err:
@@ -201,7 +270,8 @@ def run_probe(ctx: DoctorContext, opened: dict[str, Opened], job_holds_master: b
         out.outcomes += [ProbeOutcome(name, t.host, t.address, t.port, t.purpose,
                                       bool(r.get("ok")), str(r.get("kind")),
                                       str(r.get("error") or ""))
-                         for t, r in zip(mine[name], results, strict=False)]
+                         for t, r in zip(o.listening.targets, results, strict=False)
+                         if t.host in opened]  # a host that failed after it listened is reported as such
     master = opened.get(ctx.master.name)
     if ctx.master_port is None:
         out.skipped["master_port"] = 'master_port = "auto"'

@@ -13,7 +13,7 @@ from typing import Any, Generic, TypeVar
 from inventory import ConfigError, Host
 from orchestrator.errors import HostError, HostErrorKind
 from orchestrator.remote.ssh import RecordedHostKey, SshOptions, SshTransport
-from orchestrator.remote.ssh_config import load_ssh_config
+from orchestrator.remote.ssh_config import HostSshConfig, load_ssh_config
 from orchestrator.remote.transport import LocalTransport, Transport
 
 T = TypeVar("T")
@@ -42,15 +42,20 @@ class HostPool:
         self.max_parallel = max(1, max_parallel)
         self.login = login  # per host: connect kwargs replacing keys/agent (ssh-setup's logins)
         self._transports: dict[str, Transport] = {}
+        self._ssh_config: HostSshConfig | None = None
         self._lock = threading.Lock()
 
     def transport(self, host: Host) -> Transport:
         with self._lock:
             t = self._transports.get(host.name)
             if t is None:
-                t = LocalTransport(host) if host.is_local else SshTransport(
-                    host, self.options, load_ssh_config(self.options.ssh_config, host),
-                    self.login(host) if self.login else None)
+                if host.is_local:
+                    t = LocalTransport(host)
+                else:
+                    if self._ssh_config is None:  # parsed once: each host gets a view of it
+                        self._ssh_config = load_ssh_config(self.options.ssh_config)
+                    t = SshTransport(host, self.options, self._ssh_config.for_host(host),
+                                     self.login(host) if self.login else None)
                 self._transports[host.name] = t
             return t
 

@@ -3,6 +3,7 @@ match its name or its address) and the keys paramiko will offer, or why it offer
 
 from __future__ import annotations
 
+import copy
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -17,8 +18,8 @@ from inventory import Host
 UNMATCHED = "ddpctl-unmatched.invalid"  # a name that only catch-all blocks (`Host *`) match
 
 
-def merge_lookups(lookup: Callable[[str], paramiko.SSHConfigDict], name: str,
-                  address: str) -> paramiko.SSHConfigDict:
+def merge_lookups(lookup: Callable[[str], paramiko.SSHConfigDict], name: str, address: str,
+                  catch_all: Callable[[], paramiko.SSHConfigDict] | None = None) -> paramiko.SSHConfigDict:
     """The ssh_config options of an inventory host, whose `Host` blocks may name it or its address.
 
     paramiko matches the patterns (as OpenSSH does) against the name and, separately, the address;
@@ -32,18 +33,16 @@ def merge_lookups(lookup: Callable[[str], paramiko.SSHConfigDict], name: str,
     same; so a `Host *` at the end of the file, where OpenSSH wants defaults, does not shadow the
     address's block. HostName: the name's if set, else the address's if set, else the address
     itself. IdentityFile accumulates as in OpenSSH: the name's files, then the address's.
+    `catch_all`: the lookup of `UNMATCHED`, where the caller keeps it (the same for every host).
     """
     by_name = lookup(name)
     if address == name:
         return by_name
     by_address = lookup(address)
-    try:
-        catch_all = lookup(UNMATCHED)
-    except paramiko.SSHException:  # e.g. CanonicalizeHostname could not canonicalize the probe
-        catch_all = paramiko.SSHConfigDict()
+    defaults = catch_all() if catch_all is not None else lookup_catch_all(lookup)
     merged = paramiko.SSHConfigDict(by_address)
     for key, value in by_name.items():
-        if key not in merged or value != catch_all.get(key):
+        if key not in merged or value != defaults.get(key):
             merged[key] = value
     merged["hostname"] = by_name["hostname"] if by_name["hostname"] != name else by_address["hostname"]
     files = config_list(by_name.get("identityfile")) + config_list(by_address.get("identityfile"))
@@ -52,14 +51,37 @@ def merge_lookups(lookup: Callable[[str], paramiko.SSHConfigDict], name: str,
     return merged
 
 
+def lookup_catch_all(lookup: Callable[[str], paramiko.SSHConfigDict]) -> paramiko.SSHConfigDict:
+    try:
+        return lookup(UNMATCHED)
+    except paramiko.SSHException:  # e.g. CanonicalizeHostname could not canonicalize the probe
+        return paramiko.SSHConfigDict()
+
+
 class HostSshConfig(paramiko.SSHConfig):
-    """ssh_config files whose lookup of one inventory host's name applies `merge_lookups`."""
+    """ssh_config files whose lookup of one inventory host's name applies `merge_lookups`. A pool
+    parses the files once and gives each host a view (`for_host`) that shares the parsed blocks and
+    their catch-all lookup (paramiko's lookup walks every block, which costs each host's connect)."""
 
     host: Host | None = None
 
+    def __init__(self) -> None:
+        super().__init__()
+        self._catch_all: list[paramiko.SSHConfigDict] = []  # shared by the views; filled when first needed
+
+    def for_host(self, host: Host) -> HostSshConfig:
+        view = copy.copy(self)
+        view.host = host
+        return view
+
+    def catch_all(self) -> paramiko.SSHConfigDict:
+        if not self._catch_all:
+            self._catch_all.append(lookup_catch_all(super().lookup))
+        return self._catch_all[0]
+
     def lookup(self, hostname: str) -> paramiko.SSHConfigDict:
         if self.host is not None and hostname == self.host.name:
-            return merge_lookups(super().lookup, self.host.name, self.host.address)
+            return merge_lookups(super().lookup, self.host.name, self.host.address, self.catch_all)
         return super().lookup(hostname)  # a ProxyJump hop: by its own name, as OpenSSH does
 
 

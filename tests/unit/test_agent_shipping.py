@@ -92,7 +92,7 @@ def _imported(argv: list[str], stdin: bytes) -> set[str]:
 
 def test_a_workers_facts_op_imports_only_what_its_sub_facts_need() -> None:
     """Doctor runs the facts op on every host at once: psutil (the master port's owners), hashlib
-    (a script's digest), concurrent.futures/logging, importlib.abc/util and the idna codec are
+    (a script's digest), concurrent.futures/logging, importlib.abc/util, typing and the idna codec are
     imports a worker without a script does not need."""
     from orchestrator.remote.agent import agent_argv, request_bytes
 
@@ -103,7 +103,7 @@ def test_a_workers_facts_op_imports_only_what_its_sub_facts_need() -> None:
     agent = _imported(agent_argv(sys.executable), request_bytes("facts", request)) - baseline
     assert {"node_agent.torch_facts", "node_agent.probe"} <= agent  # it did run the op
     heavy = {"psutil", "hashlib", "concurrent.futures", "logging", "importlib.abc", "importlib.util",
-             "encodings.idna", "platform", "pathlib", "dataclasses", "node_agent.ports",
+             "encodings.idna", "platform", "pathlib", "dataclasses", "typing", "node_agent.ports",
              "node_agent.syncdest", "node_agent.runstate", "node_agent.procfs"}
     assert agent & heavy == set()
 

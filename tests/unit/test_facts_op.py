@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from inventory import LOCALHOST
-from node_agent import facts
+from node_agent import facts, probe
 from orchestrator.doctor.gather import Session, close_all
 from orchestrator.remote.agent import AgentResult, call_agent, start_agent
 from orchestrator.remote.transport import LocalTransport
@@ -164,6 +164,29 @@ def test_the_facts_session_listens_sends_facts_then_dials_on_command(tmp_path: P
     assert connected["results"][0]["ok"] is True
     assert result["probe"]["ports"][0]["peers"] == ["127.0.0.1"]
     assert result["facts"]["hostname"] == facts_event["facts"]["hostname"]
+
+
+def test_the_facts_session_dials_as_soon_as_told_while_it_still_gathers_its_facts(tmp_path: Path) -> None:
+    session = start_session("facts", request(tmp_path, python="/nonexistent/python9", master_addr="127.0.0.1",
+                                             probe={"ports": [0], "timeout": 60}))
+    try:
+        deadline = time.monotonic() + 60
+        listening_event = session.wait_for("listening", deadline)
+        port = listening_event["ports"][0]["port"]
+        session.send("CONNECT", {"targets": [f"127.0.0.1:{port}"], "timeout": 2})  # before its facts
+        connected = session.wait_for("connected", deadline)
+        facts_event = session.wait_for("facts", deadline)
+    finally:
+        result = final_result(session)
+    assert listening_event["source"] is None  # the master is this host: peers dial its address
+    assert connected["results"][0]["ok"] is True
+    assert facts_event["facts"]["python"]["found"] is None
+    assert result["probe"]["ports"][0]["peers"] == ["127.0.0.1"]
+
+
+@pytest.mark.parametrize("master", ["", "127.0.0.1", "localhost", "::1"])
+def test_no_source_address_toward_a_master_on_this_host(master: str) -> None:
+    assert probe.source_toward(master) is None
 
 
 LAUNCH_SELECT = ["cpu_count", "gpu_count", "python", "workdir", "master_port", "free_port"]

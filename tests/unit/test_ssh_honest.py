@@ -210,6 +210,22 @@ def test_identity_files_accumulate_name_first_then_address() -> None:
     assert lookup_of(text)["identityfile"] == ["/k/name_key", "/k/addr_key"]
 
 
+def test_each_hosts_view_of_one_parse_looks_up_as_its_own_parse_would() -> None:
+    text = ("Host node1\n    User alice\nHost 10.0.0.*\n    User work\n    Port 2200\n"
+            "Host *\n    User nobody\n    ConnectTimeout 7\n")
+    shared = HostSshConfig.from_text(text)
+    hosts = [Host(name="node1", address="10.0.0.5"), Host(name="node2", address="10.0.0.6"),
+             Host(name="node3", address="192.0.2.9")]
+    views = [shared.for_host(h) for h in hosts]
+    for host, view in zip(hosts, views, strict=True):
+        alone = HostSshConfig.from_text(text)
+        alone.host = host
+        assert view.lookup(host.name) == alone.lookup(host.name)
+    assert [v.lookup(h.name)["user"] for h, v in zip(hosts, views, strict=True)] == ["alice", "work", "nobody"]
+    assert shared.host is None and shared.catch_all()["connecttimeout"] == "7"  # one, shared by the views
+    assert all(v.catch_all() is shared.catch_all() for v in views)
+
+
 def test_a_name_that_is_its_address_is_one_plain_lookup() -> None:
     text = "Host 10.0.0.*\n    User work\n"
     assert lookup_of(text, "10.0.0.5", "10.0.0.5") == paramiko.SSHConfig.from_text(text).lookup("10.0.0.5")

@@ -213,7 +213,7 @@ class SshBackend:
 
     def reprobe(self, plan: LaunchPlan) -> ProbeResults:
         ctx = from_job(plan.job, master_port=plan.master_port, timeout_s=REPROBE_TIMEOUT_S)
-        fan = open_sessions(self.pool, ctx, True, ("resolution",))
+        fan = open_sessions(self.pool, ctx, True, ("resolution",), job_holds_master=True)
         try:
             probes = run_probe(ctx, fan.succeeded, job_holds_master=True)
         finally:
