@@ -2,10 +2,12 @@
 
 For each kind of host (--homes) and size (default 1, 8, 16, 32 hosts), --repeat runs, pdsh and
 doctor interleaved (the order alternates): the median of each, the median of the per-run ratio
-doctor / pdsh (target <= 1.0 at 16 hosts), and doctor's own phases. doctor runs every check, torch
-facts cached on the hosts (--cold adds a column with --no-cache: every host imports torch). Then
-where doctor's seconds go at the largest size, each cost alone (bench/breakdown.py). Prints
-figures; asserts nothing.
+doctor / pdsh (target <= 1.0 at 16 hosts), doctor's own phases, and the CPU each tool's runs took
+(its own processes; every process of this machine, the hosts' included; idle core-seconds: the
+hosts share this machine's cores, so a tool is as fast as its CPU and its serial stretches allow).
+doctor runs every check, torch facts cached on the hosts (--cold adds a column with --no-cache:
+every host imports torch). Then where doctor's seconds go at the largest size, each cost alone
+(bench/breakdown.py). Prints figures; asserts nothing.
 
 --homes: `private` hosts have their own home (root's is empty there: no rc file, as on a node
 with a local home); `shared` hosts log in to this machine's /root, whose .bashrc runs `pyenv
@@ -18,6 +20,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -50,6 +54,25 @@ class Row:
     doctor_cold_s: float | None
     doctor_exit: int
     phases: dict[str, float]  # doctor's own: outside the checks, facts, probe (medians)
+    cpu: dict[str, Cpu]  # per tool: CPU seconds (medians)
+
+
+@dataclass(frozen=True)
+class Cpu:
+    """CPU seconds one run used: the tool's own processes (pdsh's ssh clients, ddpctl), and every
+    process of this machine (the hosts' sshds, shells and agents too: they share its cores)."""
+
+    own: float
+    machine: float
+    idle: float  # core-seconds no process used while it ran
+
+
+def machine_cpu() -> tuple[float, float]:
+    """(busy, idle) core-seconds since boot, from /proc/stat."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    ticks = os.sysconf("SC_CLK_TCK")
+    idle = fields[3] + fields[4]  # idle + iowait
+    return (sum(fields) - idle) / ticks, idle / ticks
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -72,14 +95,19 @@ def write_inventory(cluster: Cluster, n: int, path: Path, python: Path) -> Path:
     return path
 
 
-def timed(argv: list[str], env: dict[str, str] | None = None) -> tuple[float, int, bytes]:
+def timed(argv: list[str], env: dict[str, str] | None = None) -> tuple[float, int, bytes, Cpu]:
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    busy, idle = machine_cpu()
     started = time.perf_counter()
     proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, check=False)
     elapsed = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    busy_after, idle_after = machine_cpu()
+    own = after.ru_utime + after.ru_stime - children.ru_utime - children.ru_stime
     if proc.returncode not in (0, 1):
         sys.stderr.write(proc.stderr.decode(errors="replace")[-2000:])
         raise SystemExit(f"{argv[0]} exited {proc.returncode}")
-    return elapsed, proc.returncode, proc.stdout
+    return elapsed, proc.returncode, proc.stdout, Cpu(own, busy_after - busy, idle_after - idle)
 
 
 def pdsh_argv(cluster: Cluster, n: int) -> list[str]:
@@ -89,10 +117,12 @@ def pdsh_argv(cluster: Cluster, n: int) -> list[str]:
 
 def doctor_phases(wall: float, out: bytes) -> dict[str, float]:
     """doctor's own account (--json): its checks' time by phase; the rest of the wall time is
-    start-up (imports, parsing the command line and inventory), output and exit."""
+    start-up (imports, parsing the command line and inventory), output and exit. The SSH
+    handshakes start during start-up (HostPool.connect_ahead, once the inventory is read) and end
+    within the facts phase."""
     report = json.loads(out)
     return {"start-up, output, exit": wall - report["elapsed_s"],
-            "facts (connect, exec, agent)": report["phases"]["facts_s"],
+            "facts (handshakes' rest, exec, agent)": report["phases"]["facts_s"],
             "TCP probe between hosts": report["phases"]["probe_s"]}
 
 
@@ -105,22 +135,27 @@ def measure(cluster: Cluster, homes: str, n: int, repeat: int, cold: bool, tmp: 
     warm: list[float] = []
     colds: list[float] = []
     phases: list[dict[str, float]] = []
+    cpu: dict[str, list[Cpu]] = {"pdsh": [], "doctor": []}
     code = 0
     timed(doctor, user_env())  # torch facts cached on every host, bytecode written
     for i in range(repeat):
         for tool in (("pdsh", "doctor") if i % 2 == 0 else ("doctor", "pdsh")):
             if tool == "pdsh":
-                pdsh.append(timed(pdsh_argv(cluster, n), pdsh_env)[0])
+                elapsed, _, _, used = timed(pdsh_argv(cluster, n), pdsh_env)
+                pdsh.append(elapsed)
             else:
-                elapsed, code, out = timed(doctor, user_env())
+                elapsed, code, out, used = timed(doctor, user_env())
                 warm.append(elapsed)
                 phases.append(doctor_phases(elapsed, out))
+            cpu[tool].append(used)
         if cold:
             colds.append(timed([*doctor, "--no-cache"], user_env())[0])
     ratios = tuple(d / p for d, p in zip(warm, pdsh, strict=True))
     return Row(homes, n, statistics.median(pdsh), statistics.median(warm), statistics.median(ratios),
                ratios, statistics.median(colds) if colds else None, code,
-               {k: statistics.median(p[k] for p in phases) for k in phases[0]})
+               {k: statistics.median(p[k] for p in phases) for k in phases[0]},
+               {tool: Cpu(*(statistics.median(getattr(c, f) for c in runs) for f in ("own", "machine", "idle")))
+                for tool, runs in cpu.items()})
 
 
 def report(rows: list[Row]) -> None:
@@ -137,6 +172,11 @@ def report(rows: list[Row]) -> None:
     print(f"\ndoctor's phases (medians, from its --json): {' | '.join(names)}")
     for r in rows:
         print(f"{r.homes:>7}  {r.hosts:>5}  " + "  ".join(f"{r.phases[k]:6.2f}s" for k in names))
+    print("\nCPU seconds per run (medians): the tool's own processes | every process on this machine "
+          "(the hosts' sshds, shells, agents) | cores left idle while it ran")
+    for r in rows:
+        print(f"{r.homes:>7}  {r.hosts:>5}  " + "   ".join(
+            f"{tool} {c.own:5.2f} | {c.machine:5.2f} | {c.idle:5.2f}" for tool, c in r.cpu.items()))
 
 
 NEIGH = Path("/proc/sys/net/ipv4/neigh/default")

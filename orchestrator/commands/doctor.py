@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from inventory import ConfigError, Job, JobOverrides, load_job
+from inventory import ConfigError, Inventory, Job, JobOverrides, load_job
 from orchestrator.commands.common import (
     AcceptNewOpt,
     ConnectTimeoutOpt,
@@ -25,12 +25,10 @@ from orchestrator.commands.common import (
     handle_errors,
     load_inventory_arg,
 )
-from orchestrator.doctor import CheckStatus, DoctorContext, Finding, Report, run_doctor
-from orchestrator.doctor.context import from_inventory, from_job
-from orchestrator.doctor.render import render, to_json
 from orchestrator.remote.pool import DEFAULT_PARALLEL, make_pool
 
 if TYPE_CHECKING:
+    from orchestrator.doctor import DoctorContext, Report
     from orchestrator.doctor.collective import BandwidthReport
     from orchestrator.launch.backends.base import Backend
 
@@ -46,16 +44,24 @@ TimeoutOpt = Annotated[float, typer.Option("--timeout", min=1.0,
                                            help="Seconds for each host's facts round trip.")]
 
 
-def build_context(job_file: Path | None, inventory: Path | None, master_port: int | None,
-                  timeout: float, use_cache: bool = True) -> tuple[DoctorContext, Job | None]:
+def load_target(job_file: Path | None, inventory: Path | None,
+                master_port: int | None) -> Job | Inventory:
+    """What doctor checks: the job file, else the inventory (else this machine)."""
     if job_file is not None and inventory is not None:
         raise ConfigError("give a job file or --inventory, not both", key="--inventory",
                           hint="the job file names its inventory; drop -i")
     if job_file is not None:
-        overrides = JobOverrides(master_port=master_port) if master_port else None
-        job = load_job(job_file, overrides)
-        return from_job(job, master_port, timeout, use_cache), job
-    return from_inventory(load_inventory_arg(inventory), master_port, timeout, use_cache), None
+        return load_job(job_file, JobOverrides(master_port=master_port) if master_port else None)
+    return load_inventory_arg(inventory)
+
+
+def build_context(target: Job | Inventory, master_port: int | None, timeout: float,
+                  use_cache: bool = True) -> DoctorContext:
+    from orchestrator.doctor.context import from_inventory, from_job
+
+    if isinstance(target, Job):
+        return from_job(target, master_port, timeout, use_cache)
+    return from_inventory(target, master_port, timeout, use_cache)
 
 
 @handle_errors
@@ -91,11 +97,19 @@ def doctor_command(
 
     Exit 0 with no errors, 1 with any (--strict: or warnings), 2 for bad input.
     """
-    ctx, job = build_context(job_file, inventory, master_port, timeout, not no_cache)
+    target = load_target(job_file, inventory, master_port)
+    job = target if isinstance(target, Job) else None
     if job is not None and job.slurm is not None and (smoke or bandwidth):
         raise ConfigError("--smoke and --bandwidth run over SSH, not on a Slurm job", key="--smoke",
                           hint="drop them for a job with a [slurm] table")
     pool = make_pool(ssh_config, known_hosts, accept_new, parallel, connect_timeout)
+    if job is None or job.slurm is None:
+        # The SSH handshakes run while the doctor core is imported (bench/doctor_fanout.py).
+        pool.connect_ahead(target.hosts)
+    from orchestrator.doctor import run_doctor
+    from orchestrator.doctor.render import render, to_json
+
+    ctx = build_context(target, master_port, timeout, not no_cache)
 
     def notice(text: str) -> None:
         if not json_out:
@@ -129,6 +143,7 @@ def doctor_command(
 def run_launch_checks(report: Report, job: Job, backend: Backend, notice: Callable[[str], None], smoke: bool,
                       bandwidth: bool, pairs: bool, max_bytes: str, runs_dir: Path) -> BandwidthReport | None:
     """After the other checks pass: the smoke test and/or the bandwidth table, as findings."""
+    from orchestrator.doctor import CheckStatus, Finding
     from orchestrator.doctor.collective import bandwidth_report, smoke_findings
 
     wanted = [c for c, on in (("smoke", smoke), ("bandwidth", bandwidth)) if on]

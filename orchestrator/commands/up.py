@@ -291,6 +291,8 @@ def up_command(
                             sync=not no_sync)
     with make_pool(ssh_config, known_hosts, accept_new_host_keys, parallel, connect_timeout) as pool:
         runner = backend_for(pool, job)
+        if not dry_run and not isinstance(runner, SlurmBackend):
+            pool.connect_ahead(job.hosts)  # the handshakes run while the launch is planned
         try:
             if dry_run:
                 plan = core.plan_job(job, runner, options)

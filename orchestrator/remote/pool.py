@@ -1,8 +1,10 @@
 """One transport per host, reused for the whole run, with its view of ssh_config, and a bounded
-parallel fan-out over hosts."""
+parallel fan-out over hosts. fabric (ssh.py) is imported with the first SSH transport, not with
+this module: connect_ahead dials every host before it loads."""
 
 from __future__ import annotations
 
+import queue
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -12,8 +14,8 @@ from typing import Any, Generic, TypeVar
 
 from inventory import ConfigError, Host
 from orchestrator.errors import HostError, HostErrorKind
-from orchestrator.remote.ssh import RecordedHostKey, SshOptions, SshTransport
-from orchestrator.remote.ssh_config import HostSshConfig, load_ssh_config
+from orchestrator.remote.predial import PreDial, dial_target
+from orchestrator.remote.ssh_config import HostSshConfig, RecordedHostKey, SshOptions, load_ssh_config
 from orchestrator.remote.transport import LocalTransport, Transport
 
 T = TypeVar("T")
@@ -43,7 +45,13 @@ class HostPool:
         self.login = login  # per host: connect kwargs replacing keys/agent (ssh-setup's logins)
         self._transports: dict[str, Transport] = {}
         self._ssh_config: HostSshConfig | None = None
+        self._dials: dict[str, PreDial] = {}  # connect_ahead's, until the host's transport takes it
         self._lock = threading.Lock()
+
+    def _config(self) -> HostSshConfig:
+        if self._ssh_config is None:  # parsed once: each host gets a view of it
+            self._ssh_config = load_ssh_config(self.options.ssh_config)
+        return self._ssh_config
 
     def transport(self, host: Host) -> Transport:
         with self._lock:
@@ -52,12 +60,42 @@ class HostPool:
                 if host.is_local:
                     t = LocalTransport(host)
                 else:
-                    if self._ssh_config is None:  # parsed once: each host gets a view of it
-                        self._ssh_config = load_ssh_config(self.options.ssh_config)
-                    t = SshTransport(host, self.options, self._ssh_config.for_host(host),
-                                     self.login(host) if self.login else None)
+                    from orchestrator.remote.ssh import SshTransport  # fabric: see the module's doc
+
+                    t = SshTransport(host, self.options, self._config().for_host(host),
+                                     self.login(host) if self.login else None, self._dials.pop(host.name, None))
                 self._transports[host.name] = t
             return t
+
+    def connect_ahead(self, hosts: Iterable[Host]) -> None:
+        """Start opening each SSH host's connection in the background and return: the TCP dials
+        go out before fabric is imported, the handshakes (at most max_parallel at once) run while
+        the caller goes on with its own work (a command's remaining imports and planning). Each
+        host's first command waits for its connection and raises its error, as if it had dialled
+        itself."""
+        remote = [h for h in hosts if not h.is_local]
+        with self._lock:
+            for h in remote[:self.max_parallel]:  # the rest are dialled by their handshake's turn
+                if h.name not in self._transports and h.name not in self._dials:
+                    target = dial_target(h, self._config().for_host(h).lookup(h.name))
+                    if target is not None:
+                        self._dials[h.name] = PreDial(target, self.options.connect_timeout)
+        pending: queue.SimpleQueue[Transport] = queue.SimpleQueue()
+        for h in remote:
+            pending.put(self.transport(h))
+
+        def work() -> None:
+            while True:
+                try:
+                    t = pending.get_nowait()
+                except queue.Empty:
+                    return
+                ahead = getattr(t, "connect_ahead", None)
+                if ahead is not None:
+                    ahead()
+
+        for _ in range(min(self.max_parallel, len(remote))):
+            threading.Thread(target=work, name="ddpctl-connect-ahead", daemon=True).start()
 
     def map(self, hosts: Iterable[Host], fn: Callable[[Transport], T]) -> FanOut[T]:
         hosts = list(hosts)
@@ -84,6 +122,9 @@ class HostPool:
     def close(self) -> None:
         with self._lock:
             transports, self._transports = list(self._transports.values()), {}
+            dials, self._dials = list(self._dials.values()), {}
+        for d in dials:
+            d.discard()
         for t in transports:
             t.close()
 

@@ -8,7 +8,6 @@ import shlex
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -17,30 +16,10 @@ import paramiko
 
 from inventory import Host
 from orchestrator.errors import HostError, HostErrorKind
-from orchestrator.remote.ssh_config import apply_identities
+from orchestrator.remote.predial import PreDial
+from orchestrator.remote.ssh_config import RecordedHostKey, SshOptions, apply_identities
 from orchestrator.remote.ssh_errors import UnknownHostKey, translate
 from orchestrator.remote.transport import CommandResult, LineQueue, OutputLine, RunningCommand, timed_out
-
-
-@dataclass(frozen=True)
-class RecordedHostKey:
-    """A host key that --accept-new-host-keys wrote to a known_hosts file."""
-
-    name: str  # the host (or ProxyJump hop) as ssh_config names it
-    known_as: str  # its known_hosts entry: the address, or [address]:port
-    key_type: str  # "ssh-ed25519"
-    fingerprint: str  # "SHA256:…", as OpenSSH prints it
-    file: Path
-
-
-@dataclass(frozen=True)
-class SshOptions:
-    ssh_config: Path | None = None  # None: ~/.ssh/config and /etc/ssh/ssh_config
-    known_hosts: tuple[Path, ...] = ()  # in addition to ssh_config's / ~/.ssh/known_hosts
-    accept_new_host_keys: bool = False  # like StrictHostKeyChecking=accept-new
-    connect_timeout: float = 10.0
-    # Told of every host key accept-new records (from the connecting threads).
-    on_new_host_key: Callable[[RecordedHostKey], None] | None = field(default=None, compare=False)
 
 
 class RejectUnknown(paramiko.MissingHostKeyPolicy):
@@ -145,27 +124,55 @@ class SshTransport:
     """Runs argv on one host over a single fabric connection, opened on first use, reused."""
 
     def __init__(self, host: Host, options: SshOptions, ssh_config: paramiko.SSHConfig,
-                 login: Mapping[str, Any] | None = None) -> None:
+                 login: Mapping[str, Any] | None = None, dial: PreDial | None = None) -> None:
         self.host = host
         self.options = options
         self.ssh_config = ssh_config  # the user's ssh_config, looked up for this host (HostPool)
         self._login = login  # connect kwargs that replace ssh_config's keys and the agent (ssh-setup)
+        self._dial = dial  # the TCP connection HostPool.connect_ahead dialled, for the first open
         self._conn: fabric.Connection | None = None
         self._lock = threading.Lock()
+        self._used = False  # a command (or close) has asked for the connection: no opening ahead
+        self._ahead_error: Exception | None = None  # connect_ahead's failure, for the first use
 
     def connection(self) -> fabric.Connection:
         with self._lock:
+            self._used = True
+            if self._ahead_error is not None:  # opening ahead failed: this use reports it, no second dial
+                error, self._ahead_error = self._ahead_error, None
+                raise error
             if self._conn is None or not self._conn.is_connected:
-                conn = make_connection(self.host, self.options, self.ssh_config)
-                conn.connect_kwargs.update(self._login or {})
-                try:
-                    conn.open()
-                except Exception as exc:  # translated once, here, at the boundary
-                    raise translate(self.host, conn, exc, self.options.ssh_config) from None
-                assert conn.transport is not None
-                conn.transport.set_keepalive(5)
-                self._conn = conn
+                self._conn = self._open_connection()
             return self._conn
+
+    def connect_ahead(self) -> None:
+        """Open the connection now, for a first use to come (HostPool.connect_ahead): that use
+        waits for it, or raises its error. Nothing happens once a use has come first."""
+        with self._lock:
+            if self._used or self._conn is not None:
+                return
+            try:
+                self._conn = self._open_connection()
+            except Exception as exc:
+                self._ahead_error = exc
+
+    def _open_connection(self) -> fabric.Connection:
+        conn = make_connection(self.host, self.options, self.ssh_config)
+        conn.connect_kwargs.update(self._login or {})
+        dial, self._dial = self._dial, None
+        try:
+            if dial is not None and conn.gateway is None and (conn.host, conn.port) == dial.target:
+                sock = dial.take()
+                if sock is not None:
+                    conn.connect_kwargs["sock"] = sock
+            elif dial is not None:
+                dial.discard()  # fabric aims elsewhere after all: its own dial decides
+            conn.open()
+        except Exception as exc:  # translated once, here, at the boundary
+            raise translate(self.host, conn, exc, self.options.ssh_config) from None
+        assert conn.transport is not None
+        conn.transport.set_keepalive(5)
+        return conn
 
     def _open(self, argv: Sequence[str]) -> paramiko.Channel:
         conn = self.connection()
@@ -206,6 +213,10 @@ class SshTransport:
 
     def close(self) -> None:
         with self._lock:
+            self._used = True
+            if self._dial is not None:
+                self._dial.discard()
+                self._dial = None
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None

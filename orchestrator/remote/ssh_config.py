@@ -1,21 +1,46 @@
 """What ssh_config and this machine's keys give one inventory host: its options (`Host` blocks may
-match its name or its address) and the keys paramiko will offer, or why it offers none."""
+match its name or its address) and the keys paramiko will offer, or why it offers none. The SSH
+options every command takes live here too. paramiko only: fabric is imported where connections
+are made (ssh.py), so a pool can read ssh_config and dial (predial.py) while fabric still loads."""
 
 from __future__ import annotations
 
 import copy
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
-import fabric
 import paramiko
 
 from inventory import Host
 
+if TYPE_CHECKING:
+    import fabric
+
 UNMATCHED = "ddpctl-unmatched.invalid"  # a name that only catch-all blocks (`Host *`) match
+
+
+@dataclass(frozen=True)
+class RecordedHostKey:
+    """A host key that --accept-new-host-keys wrote to a known_hosts file."""
+
+    name: str  # the host (or ProxyJump hop) as ssh_config names it
+    known_as: str  # its known_hosts entry: the address, or [address]:port
+    key_type: str  # "ssh-ed25519"
+    fingerprint: str  # "SHA256:…", as OpenSSH prints it
+    file: Path
+
+
+@dataclass(frozen=True)
+class SshOptions:
+    ssh_config: Path | None = None  # None: ~/.ssh/config and /etc/ssh/ssh_config
+    known_hosts: tuple[Path, ...] = ()  # in addition to ssh_config's / ~/.ssh/known_hosts
+    accept_new_host_keys: bool = False  # like StrictHostKeyChecking=accept-new
+    connect_timeout: float = 10.0
+    # Told of every host key accept-new records (from the connecting threads).
+    on_new_host_key: Callable[[RecordedHostKey], None] | None = field(default=None, compare=False)
 
 
 def merge_lookups(lookup: Callable[[str], paramiko.SSHConfigDict], name: str, address: str,
@@ -116,6 +141,8 @@ def identity_files(ssh_config: Mapping[str, object]) -> list[Path]:
 def apply_identities(conn: fabric.Connection) -> None:
     """OpenSSH's rules, on every ProxyJump hop too: a missing IdentityFile is skipped (paramiko
     would crash on it), and the default keys are tried only when no IdentityFile is set."""
+    import fabric  # loaded by now: `conn` is a fabric Connection
+
     configured = identity_files(conn.ssh_config)
     existing = [str(p) for p in configured if p.is_file()]
     conn.connect_kwargs["look_for_keys"] = not configured

@@ -20,8 +20,8 @@ from paramiko.ssh_exception import NoValidConnectionsError
 from inventory import Host
 from orchestrator.doctor.checks import firewall
 from orchestrator.errors import HostError, HostErrorKind
-from orchestrator.remote.ssh import SshOptions, make_connection
-from orchestrator.remote.ssh_config import HostSshConfig, merge_lookups
+from orchestrator.remote.ssh import make_connection
+from orchestrator.remote.ssh_config import HostSshConfig, SshOptions, merge_lookups
 from orchestrator.remote.ssh_errors import translate
 
 NODE1 = Host(name="node1", address="198.18.0.11", user="root")

@@ -33,8 +33,8 @@ from orchestrator.hostops.ssh_setup import (
     reason_for,
 )
 from orchestrator.remote.keys import LocalKey, ensure_key, key_login, password_login
-from orchestrator.remote.ssh import AcceptNew, RecordedHostKey, SshOptions, make_connection
-from orchestrator.remote.ssh_config import HostSshConfig
+from orchestrator.remote.ssh import AcceptNew, make_connection
+from orchestrator.remote.ssh_config import HostSshConfig, RecordedHostKey, SshOptions
 from orchestrator.remote.ssh_errors import UnknownHostKey, translate
 
 ROOT = Path(__file__).resolve().parents[2]
