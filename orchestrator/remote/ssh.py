@@ -161,12 +161,13 @@ class SshTransport:
         conn.connect_kwargs.update(self._login or {})
         dial, self._dial = self._dial, None
         try:
-            if dial is not None and conn.gateway is None and (conn.host, conn.port) == dial.target:
-                sock = dial.take()
+            if dial is not None and (conn.gateway is not None or (conn.host, conn.port) != dial.target):
+                dial.discard()  # fabric aims elsewhere after all
+                dial = None
+            if conn.gateway is None:  # a direct connection: on our socket (predial.py), dialled now if not ahead
+                sock = (dial or PreDial((conn.host, conn.port), self.options.connect_timeout)).take()
                 if sock is not None:
                     conn.connect_kwargs["sock"] = sock
-            elif dial is not None:
-                dial.discard()  # fabric aims elsewhere after all: its own dial decides
             conn.open()
         except Exception as exc:  # translated once, here, at the boundary
             raise translate(self.host, conn, exc, self.options.ssh_config) from None

@@ -255,8 +255,8 @@ def test_a_discarded_dial_closes_its_socket(listener: socket.socket) -> None:
     peer.close()
 
 
-def test_the_transport_hands_fabric_the_dialled_socket_only_where_fabric_aims(
-        listener: socket.socket, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_the_transport_connects_on_its_own_socket_and_drops_an_ahead_dial_aimed_elsewhere(
+        listener: socket.socket, monkeypatch: pytest.MonkeyPatch) -> None:
     port = listener.getsockname()[1]
     opened: list[dict[str, Any]] = []
 
@@ -265,18 +265,38 @@ def test_the_transport_hands_fabric_the_dialled_socket_only_where_fabric_aims(
         conn.transport = _NoKeepalive()
 
     monkeypatch.setattr(fabric.Connection, "open", fake_open)
-    config = HostSshConfig()
     here = Host("here", "127.0.0.1", port=port)
-    for target, handed in (((("127.0.0.1", port)), True), ((("127.0.0.2", port)), False)):
-        dial = PreDial(target if handed else ("127.0.0.1", port), 5.0)
-        if not handed:
-            dial.target = target  # as if ssh_config had changed between the dial and the open
-        transport = SshTransport(here, SshOptions(), config.for_host(here), dial=dial)
-        transport.connection()
-        assert ("sock" in opened[-1]) is handed
-        if handed:
-            opened[-1]["sock"].close()
-        listener.accept()[0].close()
+    transports = []
+    for ahead in (PreDial(("127.0.0.1", port), 5.0), None, PreDial(("127.0.0.1", port), 5.0)):
+        if len(transports) == 2:
+            assert ahead is not None
+            ahead.target = ("127.0.0.2", port)  # as if ssh_config had changed between the dial and the open
+        if ahead is not None:
+            assert ahead._done.wait(5)  # dialled: dropping it closes the socket there and then
+        transports.append(SshTransport(here, SshOptions(), HostSshConfig().for_host(here), dial=ahead))
+        transports[-1].connection()
+    accepted = [listener.accept()[0] for _ in range(4)]  # 3 handed sockets, 1 dropped ahead dial
+    for kwargs in opened:  # each open got a connected socket to fabric's target, without Nagle
+        sock = kwargs["sock"]
+        assert sock.getpeername() == ("127.0.0.1", port)
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
+    assert len(opened) == 3 and sum(map(closed, accepted)) == 1  # the dropped dial, closed at once
+    for kwargs in opened:
+        kwargs["sock"].close()
+    assert all(closed(peer, wait=5) for peer in accepted)
+    for peer in accepted:
+        peer.close()
+
+
+def closed(peer: socket.socket, wait: float = 0.0) -> bool:
+    """The other end has closed (EOF), within `wait` seconds."""
+    peer.settimeout(wait or None)
+    if not wait:
+        peer.setblocking(False)
+    try:
+        return peer.recv(64) == b""
+    except (BlockingIOError, TimeoutError):
+        return False
 
 
 class _NoKeepalive:
