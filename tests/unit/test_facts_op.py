@@ -323,3 +323,36 @@ def test_each_gpu_process_comes_with_its_user_and_ddpctl_job(monkeypatch: pytest
     assert [g["index"] for g in got["gpus"]] == [0, 1]
     assert [(a["pid"], a["user"], a["ddpctl_job_id"]) for a in got["apps"]] == [
         (child.pid, me, "other-job-1"), (gone, None, None)]
+
+
+def test_one_connect_round_dials_every_target_from_one_thread_and_keeps_their_order(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from node_agent.probe import connect_all
+
+    started: list[threading.Thread] = []
+    real_start = threading.Thread.start
+
+    def start(thread: threading.Thread) -> None:
+        started.append(thread)
+        real_start(thread)
+
+    with socket.socket() as server, socket.socket() as full:
+        server.bind(("127.0.0.1", 0))
+        server.listen(16)
+        full.bind(("127.0.0.1", 0))
+        full.listen(0)  # its accept queue fills at once: later SYNs are dropped, the dial times out
+        filler = socket.create_connection(full.getsockname(), 2)
+        targets = [f"127.0.0.1:{server.getsockname()[1]}", f"127.0.0.1:{closed_port()}",
+                   f"127.0.0.1:{full.getsockname()[1]}", "127.0.0.1:not-a-port",
+                   f"[::1]:{closed_port()}" if socket.has_ipv6 else f"127.0.0.1:{closed_port()}"]
+        monkeypatch.setattr(threading.Thread, "start", start)
+        results = connect_all(targets, 1.0)
+        monkeypatch.undo()
+        filler.close()
+    assert started == []  # no thread per target
+    assert [r["target"] for r in results] == targets
+    assert [r["kind"] for r in results[:4]] == ["ok", "refused", "timeout", "error"]
+    assert results[0]["local"] == "127.0.0.1" and results[0]["ok"] is True
+    assert results[1]["error"] == "[Errno 111] Connection refused"  # create_connection's words
+    assert results[2]["error"] == "timed out"
+    assert results[4]["ok"] is False
