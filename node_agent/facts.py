@@ -242,6 +242,10 @@ if TYPE_CHECKING:
     Fact = Callable[[Dict[str, Any]], Any]
 
 ON_SELECT_ONLY = frozenset({"gpu_count"})  # not in doctor's set: doctor reads fact_gpus
+# Sub-facts that only read this process's state or one small file: run in the agent's own thread
+# while the others (commands, name lookups, torch) run in theirs. Doctor runs this op on every
+# host at once, and a thread costs each host more than one of these does.
+INLINE = frozenset({"python", "cpu_count", "infiniband", "memlock", "env", "free_port"})
 # Sub-facts that run only when the request carries their input, selected or not.
 NEEDS: Dict[str, Callable[[Dict[str, Any]], bool]] = {
     "script": lambda req: bool(req.get("script")),
@@ -291,7 +295,8 @@ def collect(request: Dict[str, Any], started: float) -> Dict[str, Any]:
     facts: Dict[str, Any] = {"hostname": socket.gethostname()}
     table, errors = sub_facts(request)
     names = list(table)
-    outcomes = run_all([functools.partial(table[name], request) for name in names], len(names))
+    outcomes = run_all([functools.partial(table[name], request) for name in names], len(names),
+                       inline=[i for i, name in enumerate(names) if name in INLINE])
     for i, (value, exc) in enumerate(outcomes):
         name = names[i]
         if exc is None:

@@ -18,8 +18,11 @@ if TYPE_CHECKING:  # typing is for the checker only (node_agent/__init__.py)
     Outcome = Tuple[Optional[T], Optional[Exception]]  # (result, None) or (None, the exception)
 
 
-def run_all(calls: Sequence[Callable[[], T]], limit: int = 64) -> List[Outcome[T]]:
-    """Each call in its own thread, at most `limit` at once; returns when all have ended."""
+def run_all(calls: Sequence[Callable[[], T]], limit: int = 64,
+            inline: Sequence[int] = ()) -> List[Outcome[T]]:
+    """Each call in its own thread, at most `limit` at once, but the calls whose indexes are in
+    `inline` (cheap ones: a thread costs more than they do) run in this thread while the others
+    run; returns when all have ended."""
     outcomes: List[Outcome[T]] = [(None, None)] * len(calls)
     gate = threading.BoundedSemaphore(max(1, limit))
 
@@ -33,10 +36,15 @@ def run_all(calls: Sequence[Callable[[], T]], limit: int = 64) -> List[Outcome[T
 
     threads = []
     for i, call in enumerate(calls):
+        if i in inline:
+            continue
         gate.acquire()
         thread = threading.Thread(target=one, args=(i, call), daemon=True)
         thread.start()
         threads.append(thread)
+    for i in inline:
+        gate.acquire()
+        one(i, calls[i])
     for thread in threads:
         thread.join()
     return outcomes

@@ -50,3 +50,24 @@ def test_map_all_keeps_the_order_and_raises_the_first_failure() -> None:
         map_all(picky, [2, 3, 5])
     assert caught.value.args == (3,)
     assert map_all(picky, []) == []
+
+
+def test_inline_calls_run_in_the_callers_thread_while_the_others_run_in_theirs() -> None:
+    here = threading.get_ident()
+    others_started = threading.Event()
+
+    def threaded() -> int:
+        others_started.set()
+        return threading.get_ident()
+
+    def cheap() -> int:
+        assert others_started.wait(30), "the inline call ran before the threads were started"
+        return threading.get_ident()
+
+    def boom() -> int:
+        raise KeyError("inline")
+
+    outcomes = run_all([threaded, cheap, boom, threaded], limit=2, inline=[1, 2])
+    idents = [r for r, _ in outcomes]
+    assert idents[1] == here and idents[0] != here and idents[3] != here
+    assert idents[2] is None and isinstance(outcomes[2][1], KeyError)
