@@ -17,7 +17,7 @@ from orchestrator.remote.agent import call_agent
 from orchestrator.remote.keys import DEFAULT_KEY, LocalKey, ensure_key, key_login, password_login
 from orchestrator.remote.pool import DEFAULT_PARALLEL, FanOut, HostPool, make_pool
 from orchestrator.remote.slurm import login_host
-from orchestrator.remote.ssh_config import RecordedHostKey
+from orchestrator.remote.ssh_options import RecordedHostKey
 from orchestrator.remote.transport import Transport
 
 T = TypeVar("T")

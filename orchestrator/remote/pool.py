@@ -1,6 +1,6 @@
 """One transport per host, reused for the whole run, with its view of ssh_config, and a bounded
-parallel fan-out over hosts. fabric (ssh.py) is imported with the first SSH transport, not with
-this module: connect_ahead dials every host before it loads."""
+parallel fan-out over hosts. paramiko and fabric (ssh_config.py, ssh.py: ~0.1 s of imports) load
+with the first SSH transport, not with this module: connect_ahead dials the hosts first."""
 
 from __future__ import annotations
 
@@ -10,13 +10,16 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from inventory import ConfigError, Host
 from orchestrator.errors import HostError, HostErrorKind
 from orchestrator.remote.predial import PreDial, dial_target
-from orchestrator.remote.ssh_config import HostSshConfig, RecordedHostKey, SshOptions, load_ssh_config
+from orchestrator.remote.ssh_options import RecordedHostKey, SshOptions, names_a_proxy
 from orchestrator.remote.transport import LocalTransport, Transport
+
+if TYPE_CHECKING:
+    from orchestrator.remote.ssh_config import HostSshConfig
 
 T = TypeVar("T")
 
@@ -50,6 +53,8 @@ class HostPool:
 
     def _config(self) -> HostSshConfig:
         if self._ssh_config is None:  # parsed once: each host gets a view of it
+            from orchestrator.remote.ssh_config import load_ssh_config  # paramiko: see the module's doc
+
             self._ssh_config = load_ssh_config(self.options.ssh_config)
         return self._ssh_config
 
@@ -74,10 +79,15 @@ class HostPool:
         host's first command waits for its connection and raises its error, as if it had dialled
         itself."""
         remote = [h for h in hosts if not h.is_local]
+        # Where no ssh_config file names a proxy, fabric connects each host to its HostName (its
+        # address unless ssh_config renames it) and Port: dialled before paramiko even loads, and
+        # dropped at the handshake where ssh_config aims elsewhere after all. Else after reading it.
+        direct = not names_a_proxy(self.options.ssh_config)
         with self._lock:
             for h in remote[:self.max_parallel]:  # the rest are dialled by their handshake's turn
                 if h.name not in self._transports and h.name not in self._dials:
-                    target = dial_target(h, self._config().for_host(h).lookup(h.name))
+                    target = (h.address, h.port or 22) if direct else \
+                        dial_target(h, self._config().for_host(h).lookup(h.name))
                     if target is not None:
                         self._dials[h.name] = PreDial(target, self.options.connect_timeout)
         pending: queue.SimpleQueue[Transport] = queue.SimpleQueue()

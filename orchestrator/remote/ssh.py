@@ -17,8 +17,9 @@ import paramiko
 from inventory import Host
 from orchestrator.errors import HostError, HostErrorKind
 from orchestrator.remote.predial import PreDial
-from orchestrator.remote.ssh_config import RecordedHostKey, SshOptions, apply_identities
+from orchestrator.remote.ssh_config import apply_identities
 from orchestrator.remote.ssh_errors import UnknownHostKey, translate
+from orchestrator.remote.ssh_options import RecordedHostKey, SshOptions
 from orchestrator.remote.transport import CommandResult, LineQueue, OutputLine, RunningCommand, timed_out
 
 

@@ -1,46 +1,25 @@
 """What ssh_config and this machine's keys give one inventory host: its options (`Host` blocks may
-match its name or its address) and the keys paramiko will offer, or why it offers none. The SSH
-options every command takes live here too. paramiko only: fabric is imported where connections
-are made (ssh.py), so a pool can read ssh_config and dial (predial.py) while fabric still loads."""
+match its name or its address) and the keys paramiko will offer, or why it offers none. paramiko
+only: fabric is imported where connections are made (ssh.py)."""
 
 from __future__ import annotations
 
 import copy
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 import paramiko
 
 from inventory import Host
+from orchestrator.remote.ssh_options import config_files
 
 if TYPE_CHECKING:
     import fabric
 
 UNMATCHED = "ddpctl-unmatched.invalid"  # a name that only catch-all blocks (`Host *`) match
-
-
-@dataclass(frozen=True)
-class RecordedHostKey:
-    """A host key that --accept-new-host-keys wrote to a known_hosts file."""
-
-    name: str  # the host (or ProxyJump hop) as ssh_config names it
-    known_as: str  # its known_hosts entry: the address, or [address]:port
-    key_type: str  # "ssh-ed25519"
-    fingerprint: str  # "SHA256:…", as OpenSSH prints it
-    file: Path
-
-
-@dataclass(frozen=True)
-class SshOptions:
-    ssh_config: Path | None = None  # None: ~/.ssh/config and /etc/ssh/ssh_config
-    known_hosts: tuple[Path, ...] = ()  # in addition to ssh_config's / ~/.ssh/known_hosts
-    accept_new_host_keys: bool = False  # like StrictHostKeyChecking=accept-new
-    connect_timeout: float = 10.0
-    # Told of every host key accept-new records (from the connecting threads).
-    on_new_host_key: Callable[[RecordedHostKey], None] | None = field(default=None, compare=False)
 
 
 def merge_lookups(lookup: Callable[[str], paramiko.SSHConfigDict], name: str, address: str,
@@ -114,9 +93,7 @@ def load_ssh_config(path: Path | None, host: Host | None = None) -> HostSshConfi
     """`path` alone (like `ssh -F`), else ~/.ssh/config then /etc/ssh/ssh_config."""
     config = HostSshConfig()
     config.host = host
-    files = [path] if path is not None else [
-        p for p in (Path("~/.ssh/config").expanduser(), Path("/etc/ssh/ssh_config")) if p.is_file()]
-    for f in files:
+    for f in config_files(path):
         with f.open() as fh:
             config.parse(fh)
     return config

@@ -11,7 +11,7 @@ from inventory import Host
 from orchestrator.errors import HostError, HostErrorKind
 from orchestrator.remote.agent import call_agent
 from orchestrator.remote.pool import HostPool
-from orchestrator.remote.ssh_config import SshOptions
+from orchestrator.remote.ssh_options import SshOptions
 from tests.cluster import Cluster
 from tests.ddpctl_run import run_ddpctl
 

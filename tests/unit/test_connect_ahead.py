@@ -20,7 +20,8 @@ from orchestrator.remote import pool as pool_module
 from orchestrator.remote.pool import HostPool
 from orchestrator.remote.predial import PreDial, dial_target
 from orchestrator.remote.ssh import SshTransport
-from orchestrator.remote.ssh_config import HostSshConfig, SshOptions
+from orchestrator.remote.ssh_config import HostSshConfig
+from orchestrator.remote.ssh_options import SshOptions, names_a_proxy
 from orchestrator.remote.transport import LocalTransport
 
 HOSTS = tuple(Host(name=f"node{i}", address=f"198.18.0.{10 + i}") for i in range(6))
@@ -190,6 +191,30 @@ def test_the_dials_go_where_ssh_config_sends_each_host_and_not_through_a_proxy(t
     settle(pool, hosts[:5])
     assert NoDial.made == [("198.18.1.1", 2222), ("198.18.0.12", 22), ("198.18.0.99", 2200)]
     assert set(dialer.dials) == {h.name for h in hosts[:5]}  # every SSH host still gets its handshake
+
+
+def test_without_a_proxy_in_ssh_config_the_dials_go_to_each_address_before_ssh_config_is_read(
+        tmp_path: Path, dialer: Dialer, monkeypatch: pytest.MonkeyPatch) -> None:
+    def unread(self: HostPool) -> None:
+        raise AssertionError("ssh_config was parsed before the dials went out")
+
+    monkeypatch.setattr(HostPool, "_config", unread)
+    pool = pool_of(tmp_path, config_text="Host node0\n    HostName 198.18.1.1\n    Port 2222\n")
+    hosts = (HOSTS[0], Host("node9", "198.18.0.99", port=2200))
+    with pytest.raises(AssertionError, match="parsed"):  # the transports need it, after the dials
+        pool.connect_ahead(hosts)
+    assert NoDial.made == [("198.18.0.10", 22), ("198.18.0.99", 2200)]
+
+
+def test_a_proxy_anywhere_in_the_files_read_means_reading_them_first(tmp_path: Path) -> None:
+    config = tmp_path / "config"
+    config.write_text("Host *\n    User me\n")
+    assert not names_a_proxy(config)
+    config.write_text("Host bastioned\n  proxyJump bastion\n")
+    assert names_a_proxy(config)
+    config.write_text("Match host x\n\tProxyCommand nc %h %p\n")
+    assert names_a_proxy(config)
+    assert names_a_proxy(tmp_path / "missing")  # unreadable: assume the worst
 
 
 def test_dial_target_follows_fabric_hostname_then_inventory_port_then_config_port() -> None:

@@ -21,8 +21,9 @@ from inventory import Host
 from orchestrator.doctor.checks import firewall
 from orchestrator.errors import HostError, HostErrorKind
 from orchestrator.remote.ssh import make_connection
-from orchestrator.remote.ssh_config import HostSshConfig, SshOptions, merge_lookups
+from orchestrator.remote.ssh_config import HostSshConfig, merge_lookups
 from orchestrator.remote.ssh_errors import translate
+from orchestrator.remote.ssh_options import SshOptions
 
 NODE1 = Host(name="node1", address="198.18.0.11", user="root")
 PLACEHOLDER = re.compile(r"<[A-Za-z][A-Za-z _-]*>")

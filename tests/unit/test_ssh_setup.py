@@ -34,8 +34,9 @@ from orchestrator.hostops.ssh_setup import (
 )
 from orchestrator.remote.keys import LocalKey, ensure_key, key_login, password_login
 from orchestrator.remote.ssh import AcceptNew, make_connection
-from orchestrator.remote.ssh_config import HostSshConfig, RecordedHostKey, SshOptions
+from orchestrator.remote.ssh_config import HostSshConfig
 from orchestrator.remote.ssh_errors import UnknownHostKey, translate
+from orchestrator.remote.ssh_options import RecordedHostKey, SshOptions
 
 ROOT = Path(__file__).resolve().parents[2]
 ED = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIESzWsGWV+buPH0VZvo9IUKK0aRBq9Mn78bz7MIONnzm"

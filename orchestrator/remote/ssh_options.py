@@ -1,0 +1,53 @@
+"""The SSH options every command takes, and the ssh_config files they name. Standard library only:
+a command makes its pool, and dials its hosts (predial.py), before paramiko and fabric load."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class RecordedHostKey:
+    """A host key that --accept-new-host-keys wrote to a known_hosts file."""
+
+    name: str  # the host (or ProxyJump hop) as ssh_config names it
+    known_as: str  # its known_hosts entry: the address, or [address]:port
+    key_type: str  # "ssh-ed25519"
+    fingerprint: str  # "SHA256:…", as OpenSSH prints it
+    file: Path
+
+
+@dataclass(frozen=True)
+class SshOptions:
+    ssh_config: Path | None = None  # None: ~/.ssh/config and /etc/ssh/ssh_config
+    known_hosts: tuple[Path, ...] = ()  # in addition to ssh_config's / ~/.ssh/known_hosts
+    accept_new_host_keys: bool = False  # like StrictHostKeyChecking=accept-new
+    connect_timeout: float = 10.0
+    # Told of every host key accept-new records (from the connecting threads).
+    on_new_host_key: Callable[[RecordedHostKey], None] | None = field(default=None, compare=False)
+
+
+def config_files(path: Path | None) -> list[Path]:
+    """The ssh_config files read: `path` alone (like `ssh -F`), else ~/.ssh/config then
+    /etc/ssh/ssh_config, where they exist."""
+    if path is not None:
+        return [path]
+    return [p for p in (Path("~/.ssh/config").expanduser(), Path("/etc/ssh/ssh_config")) if p.is_file()]
+
+
+_PROXY = re.compile(r"^\s*(proxyjump|proxycommand)\b", re.IGNORECASE | re.MULTILINE)
+
+
+def names_a_proxy(path: Path | None) -> bool:
+    """Whether any ssh_config file read mentions ProxyJump or ProxyCommand, for any host (an
+    unreadable file counts as one that does): where none does, every host is dialled directly."""
+    for f in config_files(path):
+        try:
+            if _PROXY.search(f.read_text(errors="replace")):
+                return True
+        except OSError:
+            return True
+    return False
