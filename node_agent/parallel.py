@@ -1,12 +1,12 @@
 """Run calls in threads and collect each one's result or exception, in order.
 
-The agent's ops wait on I/O in parallel (sub-facts, TCP dials). concurrent.futures would do, but it
-imports logging and traceback: ~4 ms on every host of every doctor run, for a dozen lines here.
+The facts op waits on its sub-facts in parallel (TCP dials share one selector: probe.py).
+concurrent.futures would do, but it imports logging and traceback: ~4 ms on every host of every
+doctor run, for a dozen lines here.
 """
 
 from __future__ import annotations
 
-import functools
 import threading
 
 TYPE_CHECKING = False
@@ -14,7 +14,6 @@ if TYPE_CHECKING:  # typing is for the checker only (node_agent/__init__.py)
     from typing import Callable, List, Optional, Sequence, Tuple, TypeVar
 
     T = TypeVar("T")
-    R = TypeVar("R")
     Outcome = Tuple[Optional[T], Optional[Exception]]  # (result, None) or (None, the exception)
 
 
@@ -49,11 +48,3 @@ def run_all(calls: Sequence[Callable[[], T]], limit: int = 64,
         thread.join()
     return outcomes
 
-
-def map_all(fn: Callable[[T], R], items: Sequence[T], limit: int = 64) -> List[R]:
-    """fn over items in parallel, results in order; the first exception (in order) is raised."""
-    outcomes = run_all([functools.partial(fn, item) for item in items], limit)
-    for _, exc in outcomes:
-        if exc is not None:
-            raise exc
-    return [result for result, _ in outcomes]  # type: ignore[misc]  # (no exception: each is set)

@@ -187,17 +187,7 @@ def classify(exc: BaseException) -> str:
 
 
 def connect_one(target: str, timeout: float) -> Dict[str, Any]:
-    host, _, port = target.rpartition(":")
-    host = host.strip("[]")
-    started = time.monotonic()
-    try:
-        with socket.create_connection((host, int(port)), timeout=timeout) as s:
-            local = str(s.getsockname()[0])
-        return {"target": target, "ok": True, "kind": "ok", "error": None, "local": local,
-                "ms": round((time.monotonic() - started) * 1000, 1)}
-    except (OSError, ValueError) as exc:
-        return {"target": target, "ok": False, "kind": classify(exc), "error": str(exc) or
-                type(exc).__name__, "ms": round((time.monotonic() - started) * 1000, 1)}
+    return connect_all([target], timeout)[0]
 
 
 def connect(request: Dict[str, Any], control: BinaryIO) -> Dict[str, Any]:

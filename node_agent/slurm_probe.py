@@ -20,8 +20,7 @@ import time
 from pathlib import Path
 
 from node_agent.facts import collect
-from node_agent.parallel import map_all
-from node_agent.probe import connect_one, open_listeners
+from node_agent.probe import connect_all, connect_one, open_listeners
 from node_agent.runstate import read_json, write_json_atomic
 
 TYPE_CHECKING = False
@@ -81,16 +80,10 @@ def dial(peers: Dict[int, Dict[str, Any]], rank: int, timeout: float) -> List[Di
     """Connect to every listener of every other rank at once (by its hostname)."""
     targets = [(r, str(p["hostname"]), listener) for r, p in sorted(peers.items()) if r != rank
                for listener in p.get("listeners") or [] if listener.get("port")]
-    if not targets:
-        return []
-
-    def one(target: Tuple[int, str, Dict[str, Any]]) -> Dict[str, Any]:
-        r, host, listener = target
-        result = connect_one("%s:%d" % (host, int(listener["port"])), timeout)
-        result.update(rank=r, hostname=host, purpose=listener["purpose"], port=int(listener["port"]))
-        return result
-
-    return map_all(one, targets)
+    results = connect_all(["%s:%d" % (host, int(listener["port"])) for _, host, listener in targets], timeout)
+    for i, (r, host, listener) in enumerate(targets):  # one result per target, in order
+        results[i].update(rank=r, hostname=host, purpose=listener["purpose"], port=int(listener["port"]))
+    return results
 
 
 def dial_master(master: str, peers: Dict[int, Dict[str, Any]], timeout: float) -> Dict[str, Any]:

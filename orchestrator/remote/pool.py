@@ -90,9 +90,13 @@ class HostPool:
                         dial_target(h, self._config().for_host(h).lookup(h.name))
                     if target is not None:
                         self._dials[h.name] = PreDial(target, self.options.connect_timeout)
-        pending: queue.SimpleQueue[Transport] = queue.SimpleQueue()
+        from orchestrator.remote.ssh import SshTransport  # fabric loads here, once the dials are out
+
+        pending: queue.SimpleQueue[SshTransport] = queue.SimpleQueue()
         for h in remote:
-            pending.put(self.transport(h))
+            t = self.transport(h)
+            assert isinstance(t, SshTransport)
+            pending.put(t)
 
         def work() -> None:
             while True:
@@ -100,9 +104,7 @@ class HostPool:
                     t = pending.get_nowait()
                 except queue.Empty:
                     return
-                ahead = getattr(t, "connect_ahead", None)
-                if ahead is not None:
-                    ahead()
+                t.connect_ahead()
 
         for _ in range(min(self.max_parallel, len(remote))):
             threading.Thread(target=work, name="ddpctl-connect-ahead", daemon=True).start()

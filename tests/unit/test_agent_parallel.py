@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import threading
 
-import pytest
-
-from node_agent.parallel import map_all, run_all
+from node_agent.parallel import run_all
 
 
 def test_each_call_gives_its_result_or_its_exception_in_order() -> None:
@@ -36,20 +34,6 @@ def test_at_most_limit_calls_run_at_once_and_they_do_overlap() -> None:
     outcomes = run_all([call] * 6, limit=2)
     assert all(exc is None for _, exc in outcomes)
     assert peak == 2
-
-
-def test_map_all_keeps_the_order_and_raises_the_first_failure() -> None:
-    assert map_all(lambda x: x * 2, [3, 1, 2]) == [6, 2, 4]
-
-    def picky(x: int) -> int:
-        if x % 2:
-            raise KeyError(x)
-        return x
-
-    with pytest.raises(KeyError) as caught:
-        map_all(picky, [2, 3, 5])
-    assert caught.value.args == (3,)
-    assert map_all(picky, []) == []
 
 
 def test_inline_calls_run_in_the_callers_thread_while_the_others_run_in_theirs() -> None:

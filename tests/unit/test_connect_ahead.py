@@ -7,7 +7,7 @@ from __future__ import annotations
 import errno
 import socket
 import threading
-import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -45,25 +45,32 @@ class Dialer:
         self.dials: dict[str, int] = {}
         self.at_once = 0
         self.most_at_once = 0
-        self.lock = threading.Lock()
+        self.ended = 0
+        self.changed = threading.Condition()
 
     def __call__(self, transport: SshTransport) -> Open:
         name = transport.host.name
-        with self.lock:
+        with self.changed:
             self.dials[name] = self.dials.get(name, 0) + 1
             self.at_once += 1
             self.most_at_once = max(self.most_at_once, self.at_once)
+            self.changed.notify_all()
         try:
             if self.hold is not None:
                 assert self.hold.wait(10), "the test never released the dialler"
-            else:
-                time.sleep(0.02)  # a handshake takes a while: lets the ahead threads overlap
             if name in self.failing:
                 raise HostError(name, HostErrorKind.UNREACHABLE, f"cannot reach {name}")
             return Open()
         finally:
-            with self.lock:
+            with self.changed:
                 self.at_once -= 1
+                self.ended += 1
+                self.changed.notify_all()
+
+    def wait(self, until: Callable[[], bool]) -> None:
+        """Block until `until()` holds (bounded: a hung test fails)."""
+        with self.changed:
+            assert self.changed.wait_for(until, timeout=10), "the dials never got there"
 
 
 class NoDial:
@@ -101,15 +108,6 @@ def pool_of(tmp_path: Path, parallel: int = 64, config_text: str = "") -> HostPo
     return HostPool(SshOptions(ssh_config=config), max_parallel=parallel)
 
 
-def settle(pool: HostPool, hosts: tuple[Host, ...]) -> None:
-    """Wait until every host's ahead open has ended (a use takes the same lock)."""
-    for h in hosts:
-        transport = pool.transport(h)
-        assert isinstance(transport, SshTransport)
-        with transport._lock:
-            pass
-
-
 def test_each_host_is_dialled_once_and_its_first_use_gets_that_connection(tmp_path: Path, dialer: Dialer) -> None:
     pool = pool_of(tmp_path)
     ok = tuple(h for h in HOSTS if h.name != "node2")
@@ -124,7 +122,7 @@ def test_a_host_that_failed_ahead_raises_that_error_at_its_first_use_without_a_s
         tmp_path: Path, dialer: Dialer) -> None:
     pool = pool_of(tmp_path)
     pool.connect_ahead(HOSTS)
-    settle(pool, HOSTS)
+    dialer.wait(lambda: dialer.ended == len(HOSTS))  # every ahead open has ended: node2's failed
     fan = pool.map(HOSTS, lambda t: t.connection() if isinstance(t, SshTransport) else None)
     assert set(fan.failed) == {"node2"}
     assert fan.failed["node2"].kind == HostErrorKind.UNREACHABLE and "cannot reach node2" in fan.failed["node2"].message
@@ -162,15 +160,10 @@ def test_at_most_parallel_hosts_are_dialled_at_once_and_the_call_returns_before_
     monkeypatch.setattr(SshTransport, "_open_connection", lambda self: fake(self))
     pool = pool_of(tmp_path, parallel=2)
     pool.connect_ahead(HOSTS)  # returns while every dial is held
-    deadline = time.monotonic() + 5
-    while fake.at_once < 2 and time.monotonic() < deadline:
-        time.sleep(0.005)
-    assert fake.at_once == 2 and sum(fake.dials.values()) == 2
+    fake.wait(lambda: fake.at_once == 2)
+    assert sum(fake.dials.values()) == 2
     hold.set()
-    settle(pool, HOSTS)
-    deadline = time.monotonic() + 5
-    while sum(fake.dials.values()) < len(HOSTS) and time.monotonic() < deadline:
-        time.sleep(0.005)
+    fake.wait(lambda: fake.ended == len(HOSTS))
     assert fake.dials == {h.name: 1 for h in HOSTS} and fake.most_at_once == 2
 
 
@@ -188,7 +181,7 @@ def test_the_dials_go_where_ssh_config_sends_each_host_and_not_through_a_proxy(t
     pool = pool_of(tmp_path, config_text=config)
     hosts = (*HOSTS[:4], Host("node9", "198.18.0.99", port=2200), LOCALHOST)
     pool.connect_ahead(hosts)
-    settle(pool, hosts[:5])
+    dialer.wait(lambda: dialer.ended == 5)
     assert NoDial.made == [("198.18.1.1", 2222), ("198.18.0.12", 22), ("198.18.0.99", 2200)]
     assert set(dialer.dials) == {h.name for h in hosts[:5]}  # every SSH host still gets its handshake
 
