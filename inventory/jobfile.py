@@ -40,7 +40,9 @@ from inventory.slurm import SlurmSpec, read_slurm
 from inventory.sync import SyncSpec, read_sync
 from inventory.tomlsource import FlagReporter, Reporter, TomlFile, read_toml, toml_files_in
 
-JOB_FILE_KEYS = ("inventory", "job", "rendezvous", "env", "slurm", "sync")
+JOB_FILE_KEYS = ("inventory", "job", "rendezvous", "env", "slurm", "sync", "supervise")
+SUPERVISE_KEYS = ("lost_after",)
+MIN_LOST_AFTER_S = 10  # orchestrator/launch/faults.py MIN_LOST_AFTER: silent_after + one retry
 JOB_KEYS = ("name", "script", "module", "args", "nproc_per_node", "hosts")
 RENDEZVOUS_KEYS = ("master_addr", "master_port", "backend", "join_timeout")
 MAX_JOIN_TIMEOUT_S = 86400
@@ -139,7 +141,19 @@ def load_job(path: Path, overrides: JobOverrides | None = None) -> Job:
         base_dir=base_dir,
         slurm=slurm,
         sync=sync,
+        lost_after=_lost_after(doc),
     )
+
+
+def _lost_after(doc: TomlFile) -> float | None:
+    """[supervise] lost_after: whole seconds a silent host may stay out of reach."""
+    if "supervise" not in doc.data:
+        return None
+    table = expect_table(doc, "supervise", doc.data["supervise"])
+    check_keys(doc, "supervise", table, SUPERVISE_KEYS)
+    if "lost_after" not in table:
+        return None
+    return float(expect_int(doc, "supervise.lost_after", table["lost_after"], MIN_LOST_AFTER_S, MAX_JOIN_TIMEOUT_S))
 
 
 def _check_slurm_nproc(doc: Reporter, nproc: NprocSpec, slurm: SlurmSpec) -> None:

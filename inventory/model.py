@@ -89,6 +89,9 @@ class Job:
     base_dir: Path = field(default_factory=Path.cwd)  # directory of the job file
     slurm: SlurmSpec | None = None  # set: the job runs on Slurm ([slurm] or --backend slurm)
     sync: SyncSpec | None = None  # set: the source is copied to every host before it runs ([sync])
+    # [supervise] lost_after: seconds a silent host may stay out of reach before the job stops
+    # (None: the fault model's default, orchestrator/launch/faults.py)
+    lost_after: float | None = None
 
     @property
     def backend(self) -> Literal["ssh", "slurm"]:

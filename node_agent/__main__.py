@@ -13,7 +13,8 @@ if TYPE_CHECKING:  # typing is for the checker only (node_agent/__init__.py)
     from typing import Any, Callable, Dict
 
 # op name -> "module:function". Each function takes (request, control_stream) and returns a
-# JSON-able dict; an "exit_code" key in it becomes the process exit code.
+# JSON-able dict; an "exit_code" key in it becomes the process exit code. "_sent": the op has
+# sent its result line itself (supervise and attach: through the supervisor's uplink).
 OPS: Dict[str, str] = {
     "ping": "node_agent.__main__:ping",
     "facts": "node_agent.facts:gather",
@@ -27,6 +28,7 @@ OPS: Dict[str, str] = {
     "logs": "node_agent.jobs:logs",
     "stacks": "node_agent.stacks:dump",
     "follow": "node_agent.follow:follow",
+    "attach": "node_agent.attach:attach",
     "slurm_check": "node_agent.slurm_probe:check",
     "authorize_key": "node_agent.authkeys:authorize_key",
     "manifest": "node_agent.syncdest:manifest",
@@ -73,7 +75,8 @@ def _run() -> int:
         emit_result({"error": {"type": type(exc).__name__, "message": str(exc),
                                "traceback": traceback.format_exc()}, "exit_code": 70})
         return 70
-    emit_result(result)
+    if not result.pop("_sent", False):
+        emit_result(result)
     return int(result.get("exit_code", 0))
 
 

@@ -1,9 +1,16 @@
 """Runs torchrun in its own session, records run state, and ends it when the control plane goes.
 
-The control plane is gone when the control channel (stdin) reaches EOF, when no HEARTBEAT line
-arrives for `heartbeat_timeout` seconds (a downed link leaves the TCP connection silently open),
-or on SIGHUP/SIGTERM/SIGINT. Then the whole job is ended: SIGTERM to torchrun's process group and
-to every process carrying DDPCTL_JOB_ID, SIGKILL after the grace period.
+torchrun's output goes to the node's log file first (output.log, with output.idx: each chunk's end
+offset and time); node_agent/uplink.py sends it from there, so a stuck channel never holds up the
+ranks, the pump or the watchdog. A control plane that lost contact re-attaches on a fresh
+connection through the attach socket (node_agent/attach.py) and the output resumes where it stopped.
+
+The control plane is gone when its current control channel (stdin, or a re-attached session's)
+reaches EOF, when no HEARTBEAT line arrives for `heartbeat_timeout` seconds (a downed link leaves
+the TCP connection silently open: the control plane derives this bound from its own `lost_after`,
+see orchestrator/launch/faults.py), or on SIGHUP/SIGTERM/SIGINT. Then the whole job is ended:
+SIGTERM to torchrun's process group and to every process carrying DDPCTL_JOB_ID, SIGKILL after
+the grace period. The watchdog only reads a timestamp: it never waits on a lock or a write.
 
 A rank that fails ends this host's part at once, without waiting for torchrun or the control
 plane (fail fast): the supervisor sees the rank's error record within RANK_POLL_S, SIGKILLs that
@@ -14,6 +21,7 @@ grace period; the record goes to the control plane, which stops the other hosts 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import importlib
 import json
 import os
@@ -21,11 +29,13 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
 from node_agent.nccl_log import parse_files
-from node_agent.protocol import emit_event, write_line
+from node_agent.protocol import emit_event
+from node_agent.ranklogs import RankLogs
 from node_agent.runstate import (
     JOB_ENV,
     NODE_RANK_ENV,
@@ -34,14 +44,31 @@ from node_agent.runstate import (
     state_dir,
     write_json_atomic,
 )
+from node_agent.uplink import Sink, Uplink, event_line
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing is for the checker only (node_agent/__init__.py)
     from typing import Any, BinaryIO, Dict, List, Optional, Sequence
 
-HEARTBEAT_EVERY = 2.0
 TORCHRUN_MODULE = "torch.distributed.run"
 RANK_POLL_S = 0.05  # how often the ranks' milestone files are looked for (one listdir)
+WATCH_EVERY = 0.5  # how often the watchdog looks at the last heartbeat
+READ_CHUNK = 1 << 16
+SOCKET_PATH_MAX = 100  # sun_path holds 108 bytes; a longer state dir gets a short socket path
+
+
+def attach_socket_path(directory: str) -> str:
+    """Where a job's supervisor listens for re-attaching sessions: in its own state dir (0700), or
+    where that path is too long for a Unix socket, in a 0700 directory of this user under /tmp."""
+    path = os.path.join(directory, "attach.sock")
+    if len(path.encode()) <= SOCKET_PATH_MAX:
+        return path
+    base = os.path.join(tempfile.gettempdir(), "ddpctl-%d" % os.getuid())
+    os.makedirs(base, mode=0o700, exist_ok=True)
+    st = os.stat(base)
+    if st.st_uid != os.getuid() or st.st_mode & 0o077:
+        raise OSError("%s is not private to this user" % base)
+    return os.path.join(base, hashlib.sha1(directory.encode()).hexdigest()[:20] + ".sock")
 
 
 class Supervisor:
@@ -61,10 +88,15 @@ class Supervisor:
         self.stop_reason: Optional[str] = None
         self.last_beat = time.monotonic()
         self.stopping = threading.Event()
-        self.passthrough = not detached
         self.wrap = bool(request.get("wrap"))
         self.rank_dir = self.dir / "ranks"
         self.rank_records: Dict[str, Dict[str, Any]] = {}  # "<local rank>.<phase>" -> its record
+        self.uplink: Optional[Uplink] = None
+        self.attach_path: Optional[str] = None
+        self.log_lock = threading.Lock()
+        self.log_end = 0
+        self.log: Any = None
+        self.index: Any = None
 
     def argv(self) -> List[str]:
         log_dir = str(self.dir / "torchrun")
@@ -99,13 +131,14 @@ class Supervisor:
             except (OSError, ValueError):
                 continue  # being replaced: read it next time
             self.rank_records[name] = record
-            if self.passthrough:
-                try:
-                    emit_event("rank", **record)
-                except (BrokenPipeError, OSError):
-                    self.passthrough = False
+            if self.uplink is not None:
+                self.uplink.event("rank", **record)
             if record.get("phase") == "error":
                 self.rank_failed(record)
+
+    def replay(self) -> List[bytes]:
+        """What a re-attached control plane gets again: every rank milestone (it keeps each once)."""
+        return [event_line("rank", **record) for record in list(self.rank_records.values())]
 
     def rank_failed(self, record: Dict[str, Any]) -> None:
         """torchrun runs with --max-restarts 0: one failed rank fails the job. End it here now."""
@@ -150,6 +183,7 @@ class Supervisor:
             "started_at": time.time(),
             "detached": self.detached,
             "log": str(self.log_path),
+            "attach": self.attach_path,
             "status": "running",
         }
         data.update(extra)
@@ -159,13 +193,14 @@ class Supervisor:
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         if self.wrap:
             self.write_wrapper()
+        self.log = open(str(self.log_path), "ab", buffering=0)
+        self.index = open(str(self.dir / "output.idx"), "ab", buffering=0)
+        self.log_end = os.fstat(self.log.fileno()).st_size
         self.proc = subprocess.Popen(
             self.argv(), cwd=self.request.get("cwd") or None, env=self.env(),
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-        self.started = self.state()
-        write_json_atomic(self.dir / "state.json", self.started)
 
     def stop(self, reason: str, force: bool = False, failed: Sequence[int] = ()) -> None:
         """End the job on this host (once; `force` again skips the grace). `failed`: pids of ranks
@@ -187,19 +222,51 @@ class Supervisor:
             with contextlib.suppress(OSError):
                 os.kill(self.proc.pid, signum)
 
-    def pump_output(self) -> None:
-        assert self.proc is not None and self.proc.stdout is not None
-        with open(str(self.log_path), "ab", buffering=0) as log:
-            for raw in iter(self.proc.stdout.readline, b""):
-                log.write(raw)
-                if self.passthrough:
-                    try:
-                        write_line(raw.decode("utf-8", "replace").rstrip("\r\n"))
-                    except (BrokenPipeError, OSError):
-                        self.passthrough = False
-                        self.stop("control connection lost (stdout closed)")
+    def append(self, data: bytes) -> None:
+        """Whole lines into the node's log (and the chunk's end and time into the index); the
+        uplink sends them from there. From the pump and the rank files' reader; never touches
+        the network."""
+        with self.log_lock:
+            if self.log.closed:  # a straggler holding torchrun's stdout after the end
+                return
+            self.log.write(data)
+            self.log_end += len(data)
+            self.index.write(b"%d %.3f\n" % (self.log_end, time.time()))
+            if self.uplink is not None:
+                self.uplink.grew(self.log_end)
 
-    def read_control(self, control: BinaryIO) -> None:
+    def pump_output(self) -> None:
+        """torchrun's own output (its ranks' is in their files: follow_ranks), whole lines at a time."""
+        assert self.proc is not None and self.proc.stdout is not None
+        fd = self.proc.stdout.fileno()
+        partial = b""
+        while True:
+            data = os.read(fd, READ_CHUNK)
+            if not data:
+                break
+            data = partial + data
+            cut = data.rfind(b"\n") + 1
+            partial = data[cut:]
+            if cut:
+                self.append(data[:cut])
+        if partial:
+            self.append(partial + b"\n")
+
+    def follow_ranks(self) -> None:
+        """Each rank's output from the files torchrun writes it to (node_agent/ranklogs.py), until
+        torchrun has ended; then to the files' end."""
+        ranks = RankLogs(str(self.dir / "torchrun"), self.append)
+        try:
+            while self.proc is not None and self.proc.poll() is None:
+                ranks.poll()
+                time.sleep(RANK_POLL_S)
+            ranks.poll(final=True)
+        finally:
+            ranks.close()
+
+    def read_control(self, control: Any, sink: Optional[Sink]) -> None:
+        """Control words from one session (the first, or a re-attached one). A word counts from
+        any session; its EOF only from the current one (an old channel closing is no news)."""
         for raw in iter(control.readline, b""):
             word = raw.strip().decode("ascii", "replace")
             if word == "HEARTBEAT":
@@ -208,19 +275,59 @@ class Supervisor:
                 self.stop("stopped by the control plane")
             elif word == "KILL":
                 self.stop("killed by the control plane", force=True)
-        self.stop("control connection lost (stdin closed)")
+        if sink is None or self.uplink is None or self.uplink.is_current(sink):
+            self.stop("control connection lost (%s closed)" % ("stdin" if sink is None or sink.sock is None
+                                                                else sink.name))
 
     def watch_heartbeat(self) -> None:
+        """Ends the job when the control plane has not been heard for heartbeat_timeout. Reads
+        one timestamp: no lock, no write, so nothing the ranks print can hold it up."""
         while self.proc is not None and self.proc.poll() is None:
-            if self.heartbeat_timeout > 0 and time.monotonic() - self.last_beat > self.heartbeat_timeout:
+            if time.monotonic() - self.last_beat > self.heartbeat_timeout:
                 self.stop("no heartbeat from the control plane for %.0fs" % self.heartbeat_timeout)
                 return
+            time.sleep(WATCH_EVERY)
+
+    def serve_attach(self, listener: socket.socket) -> None:
+        """Re-attaching sessions (node_agent/attach.py): `ATTACH <offset>`, then the socket is the
+        sink and its incoming lines are control words."""
+        while True:
             try:
-                emit_event("heartbeat", pid=self.proc.pid)
-            except (BrokenPipeError, OSError):
-                self.passthrough = False
-                self.stop("control connection lost (stdout closed)")
-            time.sleep(HEARTBEAT_EVERY)
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._attached, args=(conn,), daemon=True).start()
+
+    def _attached(self, conn: socket.socket) -> None:
+        conn.settimeout(10.0)
+        reader = conn.makefile("rb")
+        try:
+            words = reader.readline().split()
+        except OSError:
+            words = []
+        if len(words) != 2 or words[0] != b"ATTACH" or not words[1].isdigit() or self.uplink is None:
+            conn.close()
+            return
+        conn.settimeout(None)
+        self.last_beat = time.monotonic()
+        sink = Sink("re-attached session", sock=conn)
+        self.uplink.attach(sink, int(words[1]))
+        with contextlib.suppress(OSError, ValueError):
+            self.read_control(reader, sink)
+
+    def listen_attach(self) -> Optional[socket.socket]:
+        try:
+            path = attach_socket_path(str(self.dir))
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+            listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            listener.bind(path)
+            os.chmod(path, 0o600)
+            listener.listen(4)
+        except OSError:
+            return None  # no re-attach on this host: the job still runs, as before
+        self.attach_path = path
+        return listener
 
     def rank_errors(self) -> List[Dict[str, Any]]:
         """Every rank's error, earliest first: the wrapper's records, and torchelastic's error
@@ -250,25 +357,48 @@ class Supervisor:
             })
         return errors
 
-    def run(self, control: Optional[BinaryIO]) -> Dict[str, Any]:
+    def _thread(self, target: Any, *args: Any) -> threading.Thread:
+        thread = threading.Thread(target=target, args=args, daemon=True)
+        thread.start()
+        return thread
+
+    def run(self, control: Optional[BinaryIO], sink: Optional[Sink] = None) -> Dict[str, Any]:
+        """Run torchrun to its end. `control`: the session's control channel (None: detached, or a
+        batch job's node); `sink`: where output and events go (None: nowhere, detached)."""
+        listener = self.listen_attach() if control is not None else None
         self.start()
         assert self.proc is not None
-        emit_event("started", pid=self.proc.pid, pgid=self.proc.pid, state_dir=str(self.dir),
-                   log=str(self.log_path), hostname=socket.gethostname())
+        self.started = self.state()
+        write_json_atomic(self.dir / "state.json", self.started)
+        if sink is not None:
+            self.uplink = Uplink(str(self.log_path), commit=control is not None, on_lost=self.stop,
+                                 heard=(lambda: time.monotonic() - self.last_beat) if control is not None else None)
+            self.uplink.replay = self.replay
+            self.uplink.attach(sink, 0)
+            self.uplink.event("started", pid=self.proc.pid, pgid=self.proc.pid, state_dir=str(self.dir),
+                              log=str(self.log_path), hostname=socket.gethostname())
+            self._thread(self.uplink.run)
         for sig in (signal.SIGHUP, signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda s, f: self.stop("supervisor got signal %d" % s))
         for name in self.request.get("forward_signals") or ():
             signal.signal(getattr(signal, "SIG" + str(name)), self.forward)
-        pump = threading.Thread(target=self.pump_output, daemon=True)
-        pump.start()
+        pump = self._thread(self.pump_output)
+        ranks = self._thread(self.follow_ranks)
         if control is not None:
-            threading.Thread(target=self.read_control, args=(control,), daemon=True).start()
-        if control is not None or self.request.get("batch"):
-            threading.Thread(target=self.watch_heartbeat, daemon=True).start()
+            self._thread(self.read_control, control, sink)
+        if listener is not None:
+            self._thread(self.serve_attach, listener)
+        if (control is not None or self.request.get("batch")) and self.heartbeat_timeout > 0:
+            self._thread(self.watch_heartbeat)
         if self.wrap:
-            threading.Thread(target=self.watch_ranks, daemon=True).start()
+            self._thread(self.watch_ranks)
         code = self.proc.wait()
         pump.join(10)
+        ranks.join(30)
+        self.log.close()
+        self.index.close()
+        if self.uplink is not None:
+            self.uplink.log_finished()
         self.scan_ranks()
         if self.stopping.is_set():
             end_job(self.job_id, self.proc.pid, self.grace, self.node_rank)  # stragglers
@@ -280,7 +410,13 @@ class Supervisor:
             result["nccl"] = parse_files(sorted(self.dir.glob("nccl.*.log")))
         write_json_atomic(self.dir / "state.json", dict(self.started, status="exited",
                                                            ended_at=time.time(), **result))
-        return result
+        if self.uplink is not None:  # a control plane cut off may still re-attach to read the end
+            self.uplink.finish(result, max(self.heartbeat_timeout, 10.0))
+        if listener is not None:
+            listener.close()
+            with contextlib.suppress(OSError):
+                os.unlink(str(self.attach_path))
+        return dict(result, _sent=self.uplink is not None)
 
 
 def _daemonize(request: Dict[str, Any]) -> Dict[str, Any]:
@@ -315,7 +451,8 @@ def supervise(request: Dict[str, Any], control: BinaryIO) -> Dict[str, Any]:
         return {"exit_code": 2, "error_kind": "workdir", "stop_reason": "workdir missing: %s" % cwd}
     if request.get("detach"):
         return _daemonize(request)
-    sys.stdout.flush()
+    sys.stdout.flush()  # from here on the uplink alone writes to stdout
     # "batch": a scheduler (Slurm) started this node: no control channel (stdin is a file), its
     # signals stop the job, heartbeats still go out with the output
-    return Supervisor(request, detached=False).run(None if request.get("batch") else control)
+    sink = Sink("stdout", fd=sys.stdout.fileno())
+    return Supervisor(request, detached=False).run(None if request.get("batch") else control, sink)

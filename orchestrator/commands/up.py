@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import shlex
 import signal
+import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated
 
@@ -34,6 +37,7 @@ from orchestrator.doctor.render import finding_text, grouped
 from orchestrator.launch import core
 from orchestrator.launch.backends.choose import backend_for
 from orchestrator.launch.backends.slurm import SlurmBackend
+from orchestrator.launch.faults import DEFAULT_LOST_AFTER, MIN_LOST_AFTER
 from orchestrator.launch.observer import plan_summary
 from orchestrator.launch.options import LaunchOptions, OnHang
 from orchestrator.launch.plan import LaunchPlan, mask_env
@@ -45,7 +49,8 @@ from orchestrator.sync.core import SyncEvent
 HOST_COLOURS = ["cyan", "magenta", "green", "yellow", "blue", "bright_red", "bright_cyan",
                 "bright_magenta", "bright_green", "bright_yellow"]
 STATE_STYLE = {HostState.CONNECTING: "dim", HostState.RUNNING: "green", HostState.STOPPING: "yellow",
-               HostState.EXITED: "green", HostState.FAILED: "bold red", HostState.LOST: "bold red"}
+               HostState.EXITED: "green", HostState.FAILED: "bold red", HostState.STOPPED: "yellow",
+               HostState.LOST: "bold red"}
 
 
 def parse_nproc(value: str | None) -> NprocSpec | None:
@@ -88,6 +93,7 @@ class Printer:
         self.states: dict[str, HostRun] = {}
         self.live: Live | None = None
         self.sync = SyncView(live=console.is_terminal)
+        self.gone = False  # stdout can no longer be written (a closed terminal)
 
     def __enter__(self) -> Printer:
         if console.is_terminal:
@@ -111,10 +117,25 @@ class Printer:
             text.append(f"● {run.state.value}{code} ", style=STATE_STYLE[run.state])
         return text
 
-    def on_line(self, host: str, rank: str | None, text: str) -> None:
-        label = f"{host}:{rank}" if rank is not None else host
-        prefix = Text(f"[{label}]".ljust(self.width + 6), style=self.colour[host])
-        console.print(prefix + Text(text), markup=False, highlight=False)
+    def on_lines(self, host: str, lines: Sequence[tuple[str | None, str]]) -> None:
+        """On a terminal, rich (a colour per host, under the live status line); elsewhere one
+        plain write per batch: rich's per-line rendering would cost more than the ranks' printing."""
+        if self.gone:
+            return
+        prefixes: dict[str | None, str] = {}
+        for rank, _text in lines:
+            if rank not in prefixes:
+                prefixes[rank] = (f"[{host}:{rank}]" if rank is not None else f"[{host}]").ljust(self.width + 6)
+        try:
+            if self.live is None and not console.is_terminal:
+                sys.stdout.write("".join(f"{prefixes[rank]}{text}\n" for rank, text in lines))
+                sys.stdout.flush()
+                return
+            styled = {rank: Text(prefix, style=self.colour[host]) for rank, prefix in prefixes.items()}
+            for rank, text in lines:
+                console.print(styled[rank] + Text(text), markup=False, highlight=False)
+        except OSError:  # the terminal is gone (SIGHUP): the job's own log keeps every line
+            self.gone = True
 
     def on_state(self, run: HostRun) -> None:
         self.states[run.host] = run
@@ -122,10 +143,12 @@ class Printer:
             self._print_state(run)
 
     def _print_state(self, run: HostRun) -> None:
-        detail = f" (exit {run.exit_code})" if run.exit_code is not None else ""
+        shown = run.exit_code is not None and run.state is not HostState.STOPPED  # ours: no news
+        detail = f" (exit {run.exit_code})" if shown else ""
         detail += f": {run.error}" if run.error else ""
-        err_console.print(Text(f"ddpctl: {run.host} {run.state.value}{detail}",
-                               style=STATE_STYLE[run.state]))
+        with contextlib.suppress(OSError):
+            err_console.print(Text(f"ddpctl: {run.host} {run.state.value}{detail}",
+                                   style=STATE_STYLE[run.state]))
 
     def on_notice(self, text: str) -> None:
         notice(text)
@@ -140,7 +163,8 @@ class Printer:
 
 
 def notice(text: str) -> None:
-    err_console.print(Text(f"ddpctl: {text}", style="bold"))
+    with contextlib.suppress(OSError):  # a closed terminal (SIGHUP) must not stop the supervision
+        err_console.print(Text(f"ddpctl: {text}", style="bold"))
 
 
 def print_dry_run(plan: LaunchPlan) -> None:
@@ -197,11 +221,22 @@ def print_checks_failed(exc: ChecksFailed) -> None:
 
 
 def print_failure(result: RunResult) -> None:
-    """The watchdog's diagnosis; then the first rank to fail, in time, with its own exception and
-    traceback; or, where no rank recorded one, the first host to fail and its last lines."""
+    """The watchdog's diagnosis; then the cause: a host lost (or whose supervisor stopped for lack
+    of us) outranks every error that follows from it; else the first rank to fail, in time, with
+    its own exception and traceback; or, where no rank recorded one, the first host to fail."""
     if result.cause:
         err_console.print(Text("\nrendezvous failed:", style="bold red"))
         err_console.print(result.cause, markup=False)
+    if result.loss is not None:
+        loss = result.loss
+        err_console.print(Text(f"\nfirst failure: {loss.host} lost at {loss.when()}: {loss.reason}",
+                               style="bold red"))
+        root = result.root_cause
+        if root is not None:
+            rank = result.rank_of(root)
+            err_console.print(f"  then, as a consequence: rank {rank if rank is not None else '?'} on {root.host}: "
+                              f"{root.error.summary}", markup=False)
+        return
     root = result.root_cause
     if root is not None:
         err, rank = root.error, result.rank_of(root)
@@ -211,7 +246,7 @@ def print_failure(result: RunResult) -> None:
         err_console.print(Text(f"\nfirst failure: {who} on {where} (node_rank {root.node_rank}, "
                                f"local rank {err.local_rank}): {err.summary}", style="bold red"))
         for line in err.traceback.rstrip().splitlines()[-15:]:
-            err_console.print(f"    {line}", markup=False)
+            err_console.print(Text(f"    {line}"), highlight=False)
         return
     run = result.first_failure
     if run is None or result.cause:
@@ -273,6 +308,10 @@ def up_command(
         "--join-timeout", min=0, help="Ranks not all joined this many seconds after torchrun started: "
         "diagnose, stop, exit 1 (0: off; default: [rendezvous] join_timeout, 120).",
         rich_help_panel="Hangs")] = None,
+    lost_after: Annotated[float | None, typer.Option(
+        "--lost-after", min=MIN_LOST_AFTER, help="A host out of reach this many seconds is lost and the job "
+        "stops; shorter silences are ridden out and the host re-attached (default: \\[supervise] lost_after, "
+        f"{DEFAULT_LOST_AFTER:.0f}).", rich_help_panel="Hangs")] = None,
     ssh_config: SshConfigOpt = None,
     known_hosts: KnownHostsOpt = None,
     accept_new_host_keys: AcceptNewOpt = False,
@@ -288,7 +327,7 @@ def up_command(
     options = LaunchOptions(grace=grace, hang_timeout=hang_timeout, on_hang=on_hang.as_literal(),
                             dump_on_interrupt=dump_on_interrupt, nccl_debug=nccl_debug, free_port=free_port,
                             runs_dir=runs_dir, checks=not no_checks, join_timeout=join_timeout,
-                            sync=not no_sync)
+                            sync=not no_sync, lost_after=lost_after)
     with make_pool(ssh_config, known_hosts, accept_new_host_keys, parallel, connect_timeout) as pool:
         runner = backend_for(pool, job)
         if not dry_run and not isinstance(runner, SlurmBackend):
@@ -310,11 +349,14 @@ def up_command(
         except ChecksFailed as exc:
             print_checks_failed(exc)
             raise typer.Exit(1) from None
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the job is over: a late Ctrl-C keeps its exit code
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # the job is over: a late signal
+            signal.signal(sig, signal.SIG_IGN)  # keeps its exit code and summary
     print_failure(result)
     if nccl_debug:
         print_nccl(result)
     verdict = "succeeded" if result.exit_code == 0 else f"failed (exit {result.exit_code})"
+    if result.signal is not None and result.signal != signal.SIGINT:
+        verdict = f"stopped on every host by {signal.Signals(result.signal).name} (exit {result.exit_code})"
     err_console.print(f"ddpctl: job {result.job_id} {verdict}; logs: {result.run_dir}", highlight=False)
     raise typer.Exit(result.exit_code)
 

@@ -5,6 +5,7 @@ and starts each host's torchrun in its own session (`Session.start`)."""
 
 from __future__ import annotations
 
+import collections
 import json
 import queue
 import threading
@@ -16,7 +17,7 @@ from typing import Any
 from inventory import Host
 from orchestrator.doctor.model import DoctorContext, ProbeOutcome, ProbeResults
 from orchestrator.errors import HostError, HostErrorKind
-from orchestrator.remote.agent import AgentEvent, AgentResult, AgentStream, Message, agent_failed, start_agent
+from orchestrator.remote.agent import AgentEvent, AgentResult, AgentStream, Batched, agent_failed, start_agent
 from orchestrator.remote.pool import FanOut, HostPool
 from orchestrator.remote.transport import OutputLine, Transport
 from orchestrator.remote.wire import HostFacts
@@ -54,6 +55,8 @@ def facts_request(ctx: DoctorContext, host: Host, probe: bool,
 
 
 _EOF = AgentEvent("eof", {})
+QUEUED_BATCHES = 16  # a held session's batches not yet read: bounded, so a chatty job's backlog
+# stays on its host (in its log) instead of in our memory
 
 
 @dataclass
@@ -62,24 +65,42 @@ class Session:
 
     host: str
     running: AgentStream
-    events: queue.Queue[Message] = field(default_factory=queue.Queue)
+    events: queue.Queue[list[Batched]] = field(default_factory=lambda: queue.Queue(QUEUED_BATCHES))
     early: dict[str, AgentEvent] = field(default_factory=dict)  # read while waiting for another
+    unread: collections.deque[Batched] = field(default_factory=collections.deque)
 
     def pump(self) -> None:
         try:
-            for message in self.running.messages():
-                self.events.put(message)
+            for batch in self.running.batches():
+                self.events.put(batch)
         finally:
-            self.events.put(_EOF)
+            self.events.put([_EOF])
 
     def start(self, request: Mapping[str, Any]) -> None:
-        """A held launch session runs `request` (the supervise op's); `messages()` follows it."""
+        """A held launch session runs `request` (the supervise op's); `batches()` follows it."""
         self.send("START", dict(request))
 
-    def messages(self) -> Iterator[Message]:
-        """Every message not read yet, program output included, until the session ends."""
-        while (message := self.events.get()) is not _EOF:
-            yield message
+    def batches(self) -> Iterator[list[Batched]]:
+        """Every message not read yet, in batches (program output as bare text), until the
+        session ends."""
+        if self.unread:
+            batch, self.unread = list(self.unread), collections.deque()
+            if _EOF in batch:
+                yield batch[:batch.index(_EOF)]
+                return
+            yield batch
+        while True:
+            batch = self.events.get()
+            if batch and batch[-1] is _EOF:
+                if len(batch) > 1:
+                    yield batch[:-1]
+                return
+            yield batch
+
+    def _next(self, timeout: float) -> Batched:
+        if not self.unread:
+            self.unread.extend(self.events.get(timeout=timeout))
+        return self.unread.popleft()
 
     def wait_for(self, name: str, deadline: float) -> AgentEvent | AgentResult:
         """The next `name` event (name "result": the op's result); an early result, EOF or the
@@ -89,12 +110,12 @@ class Session:
             return self.early.pop(name)
         while True:
             try:
-                message = self.events.get(timeout=max(0.0, deadline - time.monotonic()))
+                message = self._next(max(0.0, deadline - time.monotonic()))
             except queue.Empty:
                 raise HostError(self.host, HostErrorKind.TIMEOUT,
                                 f"the node agent sent no {name} in time",
                                 "check the host's load, or raise --timeout") from None
-            if isinstance(message, OutputLine):
+            if isinstance(message, (str, OutputLine)):
                 continue  # not the agent's: kept in running.other for error messages
             if isinstance(message, AgentResult):
                 if name == "result" and message.error is None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from orchestrator.remote.wire import RankPhase, SuperviseResult
@@ -18,15 +19,25 @@ class Started:
 
 @dataclass(frozen=True)
 class Output:
-    """One line the node's torchrun (or its ranks, prefixed `[role<local rank>]:`) printed."""
+    """Lines the node's torchrun (or its ranks, prefixed `[role<local rank>]:`) printed, in order:
+    a batch, as the node sent it."""
 
     host: str
-    text: str
+    lines: Sequence[str]
 
 
 @dataclass(frozen=True)
 class Alive:
     """A heartbeat: the node is there even if its ranks print nothing."""
+
+    host: str
+    heard_s: float | None = None  # how long ago the node last heard us (its own heartbeat says)
+
+
+@dataclass(frozen=True)
+class Reattached:
+    """A fresh connection reached the node's supervisor after it went silent: its output resumes
+    where it stopped."""
 
     host: str
 
@@ -49,7 +60,8 @@ class Reported:
 
 @dataclass(frozen=True)
 class Exited:
-    """The node's part ended; exit_code None: it ended without an exit status."""
+    """The node's part ended; exit_code None: its connection closed without an exit status (the
+    host or its sshd died)."""
 
     host: str
     exit_code: int | None
@@ -80,4 +92,4 @@ class Notice:
     text: str
 
 
-BackendEvent = Started | Output | Alive | Problem | Reported | Exited | Lost | Milestone | Notice
+BackendEvent = Started | Output | Alive | Problem | Reported | Exited | Lost | Milestone | Notice | Reattached

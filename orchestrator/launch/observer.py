@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -16,8 +18,8 @@ class Observer(Protocol):
     def on_plan(self, plan: LaunchPlan, run_dir: Path) -> None:
         """The plan is settled (nproc and port resolved, stale port freed); the job starts now."""
 
-    def on_line(self, host: str, rank: str | None, text: str) -> None:
-        """One line of a rank's (rank None: torchrun's own) output."""
+    def on_lines(self, host: str, lines: Sequence[tuple[str | None, str]]) -> None:
+        """A batch of one host's output lines, in order: (rank, text) each; rank None: torchrun's own."""
 
     def on_state(self, run: HostRun) -> None:
         """A host changed state (connecting, running, stopping, exited, failed, lost)."""
@@ -42,8 +44,8 @@ class Collected:
     def on_plan(self, plan: LaunchPlan, run_dir: Path) -> None:
         self.plan = plan
 
-    def on_line(self, host: str, rank: str | None, text: str) -> None:
-        self.lines.append((host, rank, text))
+    def on_lines(self, host: str, lines: Sequence[tuple[str | None, str]]) -> None:
+        self.lines.extend((host, rank, text) for rank, text in lines)
 
     def on_state(self, run: HostRun) -> None:
         self.states.append((run.host, run.state.value))
@@ -62,8 +64,9 @@ class Plain:
     def on_plan(self, plan: LaunchPlan, run_dir: Path) -> None:
         print(f"ddpctl: {plan_summary(plan, run_dir)}", flush=True)
 
-    def on_line(self, host: str, rank: str | None, text: str) -> None:
-        print(f"[{host}:{rank}] {text}" if rank is not None else f"[{host}] {text}", flush=True)
+    def on_lines(self, host: str, lines: Sequence[tuple[str | None, str]]) -> None:
+        sys.stdout.write(plain_lines(host, lines))
+        sys.stdout.flush()
 
     def on_state(self, run: HostRun) -> None:
         if run.state in (HostState.FAILED, HostState.LOST):
@@ -76,6 +79,13 @@ class Plain:
         line = sync_line(event)
         if line is not None:
             print(f"ddpctl: {line}", flush=True)
+
+
+def plain_lines(host: str, lines: Sequence[tuple[str | None, str]]) -> str:
+    """`[host:rank] text` lines (`[host] text` for torchrun's own), as one string to write."""
+    bare, labelled = f"[{host}] ", f"[{host}:"
+    return "".join(f"{labelled}{rank}] {text}\n" if rank is not None else f"{bare}{text}\n"
+                   for rank, text in lines)
 
 
 def plan_summary(plan: LaunchPlan, run_dir: Path) -> str:

@@ -21,5 +21,7 @@ class LaunchOptions:
     runs_dir: Path = Path("runs")  # run logs and summary.json go to runs_dir/<job id>/
     checks: bool = True  # the pre-launch checks (--no-checks turns them off)
     sync: bool = True  # copy the source to the hosts first, where the job has [sync] (--no-sync)
+    lost_after: float | None = None  # a silent host is lost after this long (None: the job file's
+    # [supervise] lost_after, else the fault model's default: orchestrator/launch/faults.py)
     join_timeout: float | None = None  # ranks not all joined after this long: diagnose and stop
     # (None: the job file's [rendezvous] join_timeout; 0: no watchdog)

@@ -94,7 +94,8 @@ def launcher_argv(job: Job, host: Host, node_rank: int, nproc: int, master_addr:
     else:
         argv += ["--node-rank", str(node_rank), "--master-addr", master_addr,
                  "--master-port", str(master_port)]
-    argv += ["--max-restarts", "0", "--tee", "3"]
+    # each rank's output goes to its own files; the node supervisor reads them (node_agent/ranklogs.py)
+    argv += ["--max-restarts", "0", "--redirects", "3"]
     if inline:
         argv.append("--no-python")
     return argv

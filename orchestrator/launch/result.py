@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import json
 import re
+import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -19,7 +20,8 @@ class HostState(str, enum.Enum):
     STOPPING = "stopping"
     EXITED = "exited"
     FAILED = "failed"  # exited non-zero
-    LOST = "lost"  # connection failed or went silent
+    STOPPED = "stopped"  # ended because we stopped the job (another host failed, Ctrl-C, a signal)
+    LOST = "lost"  # connection failed, closed without an exit status, or silent for lost_after
 
 
 @dataclass
@@ -41,7 +43,7 @@ class HostRun:
 
     @property
     def done(self) -> bool:
-        return self.state in (HostState.EXITED, HostState.FAILED, HostState.LOST)
+        return self.state in (HostState.EXITED, HostState.FAILED, HostState.STOPPED, HostState.LOST)
 
     @property
     def duration_s(self) -> float | None:
@@ -74,6 +76,19 @@ def root_cause(failures: Sequence[RankFailure]) -> RankFailure | None:
     return min(failures, key=lambda f: (f.consequence, f.error.timestamp or float("inf")), default=None)
 
 
+@dataclass(frozen=True)
+class HostLoss:
+    """A host the job lost (gone, or its supervisor stopped for lack of us): it outranks every
+    error that is a consequence of it."""
+
+    host: str
+    reason: str  # what happened, in words
+    at: float  # time.time() on this machine
+
+    def when(self) -> str:
+        return time.strftime("%H:%M:%S", time.localtime(self.at))
+
+
 @dataclass
 class RunResult:
     job_id: str
@@ -86,6 +101,8 @@ class RunResult:
     hung: bool = False
     root_cause: RankFailure | None = None  # the first rank error in time, on a failed run
     cause: str | None = None  # the rendezvous watchdog's diagnosis, when it stopped the job
+    loss: HostLoss | None = None  # the first host lost, where that (not a rank's own error) is the cause
+    signal: int | None = None  # the signal that stopped `up` (SIGINT, SIGTERM, SIGHUP)
 
     @property
     def ok(self) -> bool:
@@ -110,6 +127,8 @@ def write_summary(plan: LaunchPlan, result: RunResult) -> Path:
         "interrupted": result.interrupted, "master": f"{plan.master_addr}:{plan.master_port}",
         "world_size": plan.world_size,
         "first_failure": result.first_failure.host if result.first_failure else None,
+        "lost": asdict(result.loss) if result.loss else None,
+        "signal": result.signal,
         "root_cause": asdict(result.root_cause) if result.root_cause else None,
         "cause": result.cause,
         "hosts": [dict(asdict(r), state=r.state.value, duration_s=r.duration_s,

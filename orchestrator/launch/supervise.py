@@ -1,19 +1,21 @@
-"""Supervises a started job from its backend's events: output per host and rank, fail fast, lost
-hosts, hangs, Ctrl-C; keeps the logs and writes summary.json. Knows nothing of SSH or Slurm."""
+"""Supervises a started job from its backend's events: output per host and rank, fail fast, hosts
+that go silent (re-attached) or are lost (orchestrator/launch/faults.py), hangs, Ctrl-C and the
+signals that end `up`; keeps the logs and writes summary.json. Knows nothing of SSH or Slurm."""
 
 from __future__ import annotations
 
 import contextlib
 import json
-import queue
 import re
 import signal
+import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
+from types import FrameType
 from typing import IO
 
-from orchestrator.launch.backends.base import LOST_AFTER, Backend
+from orchestrator.launch.backends.base import Backend
 from orchestrator.launch.events import (
     Alive,
     BackendEvent,
@@ -23,46 +25,113 @@ from orchestrator.launch.events import (
     Notice,
     Output,
     Problem,
+    Reattached,
     Reported,
     Started,
 )
+from orchestrator.launch.faults import Link, LinkState, judge, limits_for
+from orchestrator.launch.lanes import Lanes
 from orchestrator.launch.observer import Observer
 from orchestrator.launch.options import LaunchOptions
 from orchestrator.launch.plan import HostLaunch, LaunchPlan
-from orchestrator.launch.result import HostRun, HostState, RankFailure, RunResult, root_cause, write_summary
+from orchestrator.launch.result import (
+    HostLoss,
+    HostRun,
+    HostState,
+    RankFailure,
+    RunResult,
+    root_cause,
+    write_summary,
+)
 from orchestrator.launch.watchdog import RendezvousWatch
 from orchestrator.remote.wire import RankError
 
 CHECK_EVERY = 0.5  # how often silent hosts and hangs are looked for
-TORCHRUN_PREFIX = re.compile(r"^\[(?P<role>[A-Za-z_]*?)(?P<local>\d+)\]:(?P<text>.*)$")
+TORCHRUN_PREFIX = re.compile(r"^\[(?P<role>[A-Za-z_]*?)(?P<local>\d+)\]:$")
+STOP_SIGNALS = {signal.SIGTERM: "SIGTERM (e.g. `timeout`, a cancelled CI job or `kill`)",
+                signal.SIGHUP: "SIGHUP (the terminal closed)"}
+NODE_GAVE_UP = ("no heartbeat from the control plane", "control connection lost")
+
+
+class StopSignal(KeyboardInterrupt):
+    """SIGTERM or SIGHUP to `up`: handled as Ctrl-C is, then `up` exits 128 + the signal."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def split_ranks(launch: HostLaunch, lines: Sequence[str], c10d: bool,
+                known: Mapping[tuple[str, int], int] | None = None) -> list[tuple[str | None, str]]:
+    """torchrun --tee prefixes worker lines with [role<local rank>]:; map that to a global rank:
+    from the node rank (static), or as the rank reported it (c10d assigns node ranks itself).
+    Each prefix is looked up once per batch."""
+    labels: dict[str, str | None] = {}
+    out: list[tuple[str | None, str]] = []
+    for text in lines:
+        if text[:1] == "[":
+            end = text.find("]:", 1, 48)
+            if end > 0:
+                prefix = text[:end + 2]
+                if prefix not in labels:
+                    labels[prefix] = _label(launch, prefix, c10d, known)
+                label = labels[prefix]
+                if label is not None:
+                    out.append((label, text[end + 2:]))
+                    continue
+        out.append((None, text))
+    return out
+
+
+def _label(launch: HostLaunch, prefix: str, c10d: bool, known: Mapping[tuple[str, int], int] | None) -> str | None:
+    m = TORCHRUN_PREFIX.match(prefix)
+    if not m:
+        return None
+    local = int(m.group("local"))
+    if not c10d:
+        return str(launch.rank_of(local))
+    rank = (known or {}).get((launch.host.name, local))
+    return f"local{local}" if rank is None else str(rank)
 
 
 def split_rank(launch: HostLaunch, text: str, c10d: bool,
                known: Mapping[tuple[str, int], int] | None = None) -> tuple[str | None, str]:
-    """torchrun --tee prefixes worker lines with [role<local rank>]:; map that to a global rank:
-    from the node rank (static), or as the rank reported it (c10d assigns node ranks itself)."""
-    m = TORCHRUN_PREFIX.match(text)
-    if not m:
-        return None, text
-    local = int(m.group("local"))
-    if not c10d:
-        return str(launch.rank_of(local)), m.group("text")
-    rank = (known or {}).get((launch.host.name, local))
-    return (f"local{local}" if rank is None else str(rank)), m.group("text")
+    """One line's rank label and text (see split_ranks)."""
+    return split_ranks(launch, [text], c10d, known)[0]
 
 
 @contextlib.contextmanager
 def interrupts_ignored() -> Iterator[None]:
-    """SIGINT ignored for the block (main thread only; elsewhere there is no signal to mind)."""
+    """SIGINT, SIGTERM and SIGHUP ignored for the block (main thread only; elsewhere there is no
+    signal to mind)."""
     try:
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        previous = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, *STOP_SIGNALS)}
     except ValueError:  # not the main thread
         yield
         return
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+@contextlib.contextmanager
+def stop_signals_raise() -> Iterator[None]:
+    """SIGTERM and SIGHUP raise StopSignal in the main thread for the block, as SIGINT raises
+    KeyboardInterrupt."""
+    def raise_stop(signum: int, _frame: FrameType | None) -> None:
+        raise StopSignal(signum)
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {s: signal.signal(s, raise_stop) for s in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 class Supervision:
@@ -75,12 +144,17 @@ class Supervision:
         self.cb = observer
         self.run_dir = run_dir
         self.options = options
-        self.events: queue.Queue[BackendEvent] = queue.Queue()
+        self.limits = limits_for(plan.job.lost_after, options.lost_after)
+        self.lanes = Lanes()
         self.runs = {hl.host.name: HostRun(hl.host.name, hl.node_rank, hl.display()) for hl in plan.hosts}
-        self.last_seen: dict[str, float] = {}
+        self.links = {name: Link(name) for name in self.runs}
+        self.heard: dict[str, float] = {}  # host -> time.monotonic() it was last heard from
+        self.waiting: dict[str, int] = {}  # host -> its readers held up by our own backlog
+        self.deaf: dict[str, float] = {}  # host -> seconds it says it has not heard us
         self.last_output = time.monotonic()
         self.logs: dict[str, IO[str]] = {}
         self.first_failure: HostRun | None = None
+        self.losses: list[HostLoss] = []
         self.stop_sent = False
         self.hang_dumped = False
         self.hung = False
@@ -90,6 +164,25 @@ class Supervision:
         self.rendezvous = RendezvousWatch(plan, timeout) if timeout and all(hl.wrapped for hl in plan.hosts) else None
         self.cause: str | None = None  # what the watchdog diagnosed
         self.global_ranks: dict[tuple[str, int], int] = {}  # (host, local rank) -> rank, as the ranks said
+        self.addresses = {hl.host.name: hl.host.address for hl in plan.hosts}
+
+    # -- from the backend's threads ---------------------------------------------------------
+    def emit(self, event: BackendEvent) -> None:
+        """A backend event, from any thread: contact is recorded as it arrives (not when it is
+        handled), and a reader waiting for room in the output lane is not a silent host."""
+        host = event.host
+        self.heard[host] = time.monotonic()
+        if isinstance(event, Alive) and event.heard_s is not None:
+            self.deaf[host] = float(event.heard_s)
+        if isinstance(event, Output):
+            self.waiting[host] = self.waiting.get(host, 0) + 1
+            try:
+                self.lanes.put(event)
+            finally:
+                self.waiting[host] -= 1
+                self.heard[host] = time.monotonic()
+        else:
+            self.lanes.put(event)
 
     # -- control ----------------------------------------------------------------------------
     def stop_all(self, force: bool, reason: str) -> None:
@@ -110,9 +203,8 @@ class Supervision:
     # -- events -----------------------------------------------------------------------------
     def handle(self, event: BackendEvent) -> None:
         run = self.runs[event.host]
-        self.last_seen[event.host] = time.monotonic()
         if isinstance(event, Output):
-            self._output(run, event.text)
+            self._output(run, event.lines)
         elif isinstance(event, Started):
             run.state, run.started_at, run.remote_log = HostState.RUNNING, time.time(), event.log
             run.hostname = event.hostname or run.hostname
@@ -122,70 +214,136 @@ class Supervision:
         elif isinstance(event, Notice):
             self.cb.on_notice(event.text)
         elif isinstance(event, Milestone):
-            if event.phase.local_rank is not None and event.phase.rank is not None:
-                self.global_ranks[(event.host, event.phase.local_rank)] = event.phase.rank
-            if self.rendezvous is not None:
-                self.rendezvous.saw(event.host, event.phase)
-            if event.phase.error is not None:
-                self._rank_failed(run, event.phase.error)
-                # fail fast: the other hosts are told now, not when this one's torchrun has exited
-                rank = event.phase.rank if event.phase.rank is not None else f"local {event.phase.local_rank}"
-                self._fail(run, f"rank {rank} raised {event.phase.error.kind or 'an error'}")
+            self._milestone(run, event)
         elif isinstance(event, Reported):
-            run.stop_reason, run.first_error, run.nccl = (event.result.stop_reason, event.result.first_error,
-                                                          event.result.nccl)
-            run.error = event.result.error or run.error
-            for error in event.result.rank_errors:
-                self._rank_failed(run, error)
+            self._reported(run, event)
         elif isinstance(event, Problem):
             run.error = event.message
         elif isinstance(event, Lost):
             self._mark_lost(run, event.reason)
         elif isinstance(event, Exited):
             self._exited(run, event.exit_code)
+        elif isinstance(event, Reattached):
+            self._reattached(run)
         elif not isinstance(event, Alive):
             raise TypeError(f"unknown backend event {event!r}")
 
-    def _output(self, run: HostRun, text: str) -> None:
+    def _output(self, run: HostRun, lines: Sequence[str]) -> None:
         self.last_output = time.monotonic()
-        rank, shown = split_rank(self.plan.hosts[run.node_rank], text, self.c10d, self.global_ranks)
-        self.logs[run.host].write(text + "\n")
-        run.tail = [*run.tail[-29:], text]
-        self.cb.on_line(run.host, rank, shown)
+        self.logs[run.host].write("\n".join(lines) + "\n")
+        run.tail = [*run.tail, *lines[-30:]][-30:]
+        self.cb.on_lines(run.host, split_ranks(self.plan.hosts[run.node_rank], lines, self.c10d, self.global_ranks))
 
-    def _rank_failed(self, run: HostRun, error: RankError) -> None:
+    def _milestone(self, run: HostRun, event: Milestone) -> None:
+        if event.phase.local_rank is not None and event.phase.rank is not None:
+            self.global_ranks[(event.host, event.phase.local_rank)] = event.phase.rank
+        if self.rendezvous is not None:
+            self.rendezvous.saw(event.host, event.phase)
+        if event.phase.error is not None:
+            failure = self._rank_failed(run, event.phase.error)
+            if failure is not None and failure.consequence:
+                self._blame_silent(failure)
+            # fail fast: the other hosts are told now, not when this one's torchrun has exited
+            rank = event.phase.rank if event.phase.rank is not None else f"local {event.phase.local_rank}"
+            self._fail(run, f"rank {rank} raised {event.phase.error.kind or 'an error'}")
+
+    def _reported(self, run: HostRun, event: Reported) -> None:
+        result = event.result
+        run.stop_reason, run.first_error, run.nccl = result.stop_reason, result.first_error, result.nccl
+        run.error = result.error or run.error
+        for error in result.rank_errors:
+            self._rank_failed(run, error)
+        reason = result.stop_reason or ""
+        if reason.startswith(NODE_GAVE_UP) and not self.stop_sent:  # it stopped for lack of us
+            self._lose(run, f"{run.host} stopped its job on its own: {reason}")
+
+    def _rank_failed(self, run: HostRun, error: RankError) -> RankFailure | None:
         """Keep each rank's error once (live from its milestone, again in the closing report)."""
         key = (run.host, error.local_rank, error.timestamp)
-        if all((f.host, f.error.local_rank, f.error.timestamp) != key for f in self.failures):
-            self.failures.append(RankFailure(run.host, run.node_rank, error))
+        if any((f.host, f.error.local_rank, f.error.timestamp) == key for f in self.failures):
+            return None
+        failure = RankFailure(run.host, run.node_rank, error)
+        self.failures.append(failure)
+        return failure
+
+    def _blame_silent(self, failure: RankFailure) -> None:
+        """A rank lost its connection to a peer while a host is silent: that host is gone. Lost
+        at once (the one the error names, or the only silent one), before the victim is blamed."""
+        silent = [name for name, link in self.links.items()
+                  if link.state is LinkState.SILENT and not self.runs[name].done]
+        text = f"{failure.error.message} {failure.error.traceback[-2000:]}"
+        named = [name for name in silent if self.addresses.get(name) and self.addresses[name] in text]
+        for name in named or (silent if len(silent) == 1 else []):
+            since = time.strftime("%H:%M:%S", time.localtime(self.links[name].since))
+            self._mark_lost(self.runs[name], f"no contact with {name} since {since}, and the ranks on "
+                            f"{failure.host} lost their connections to it: host down or network cut")
+
+    def _lose(self, run: HostRun, why: str) -> None:
+        self.losses.append(HostLoss(run.host, why, time.time()))
+        self._fail(run, why)
 
     def _mark_lost(self, run: HostRun, why: str) -> None:
         if run.done:
             return
         run.state, run.error, run.ended_at = HostState.LOST, why, time.time()
+        self.links[run.host].enter(LinkState.LOST)
         self.cb.on_state(run)
         self.backend.drop(run.host)  # its node ends the job when it stops hearing from us
-        self._fail(run, why)
+        self._lose(run, why)
 
     def _exited(self, run: HostRun, code: int | None) -> None:
         if run.done:
             return
         if code is None:
-            self._mark_lost(run, "the connection closed without an exit status")
+            self._mark_lost(run, f"connection to {run.host} lost: host or sshd died (it closed without an "
+                                 "exit status)")
             return
         run.exit_code, run.ended_at = code, time.time()
-        run.state = HostState.EXITED if code == 0 else HostState.FAILED
+        if code == 0:
+            run.state = HostState.EXITED
+        elif self.stop_sent and run is not self.first_failure:
+            run.state = HostState.STOPPED
+        else:
+            run.state = HostState.FAILED
         self.cb.on_state(run)
         if code != 0 and not self.stop_sent:
             self._fail(run, f"exit code {code}")
 
+    def _reattached(self, run: HostRun) -> None:
+        link = self.links[run.host]
+        if link.state is LinkState.SILENT:
+            started = link.since
+            self.cb.on_notice(f"{run.host} back after {time.time() - started:.0f}s: re-attached on a fresh "
+                              "connection; its output resumes where it stopped")
+        link.enter(LinkState.REATTACHED)
+        self.deaf.pop(run.host, None)
+
     # -- timers -----------------------------------------------------------------------------
-    def _check_silence(self) -> None:
+    def _check_links(self) -> None:
+        """The fault model (orchestrator/launch/faults.py), applied to every running host."""
         now = time.monotonic()
         for name, run in self.runs.items():
-            silent = now - self.last_seen.get(name, now)
-            if run.state in (HostState.RUNNING, HostState.STOPPING) and silent > LOST_AFTER:
-                self._mark_lost(run, f"no word from {name} for {LOST_AFTER:.0f}s (host down or link lost)")
+            if run.state not in (HostState.RUNNING, HostState.STOPPING):
+                continue
+            quiet = 0.0 if self.waiting.get(name) else now - self.heard.get(name, now)
+            quiet = max(quiet, self.deaf.get(name, 0.0))
+            link = self.links[name]
+            state = judge(link, quiet, self.limits)
+            if state is LinkState.SILENT:
+                link.enter(LinkState.SILENT)
+                link.since = time.time() - quiet
+                at = time.strftime("%H:%M:%S", time.localtime(link.since))
+                self.cb.on_notice(f"lost contact with {name} at {at} ({quiet:.0f}s without a word): the job "
+                                  f"runs on; reaching {name} on a fresh connection (it is lost after "
+                                  f"{self.limits.lost_after:.0f}s)")
+                self.backend.reattach(name)
+            elif state is LinkState.CONNECTED:
+                self.cb.on_notice(f"{name} back after {time.time() - link.since:.0f}s (the same connection)")
+                link.enter(LinkState.CONNECTED)
+            elif state is LinkState.LOST:
+                since = time.strftime("%H:%M:%S", time.localtime(time.time() - quiet))
+                self._mark_lost(run, f"no contact with {name} for {self.limits.lost_after:.0f}s (since {since}): "
+                                     "host down or network cut")
 
     def _check_hang(self) -> None:
         timeout = self.options.hang_timeout
@@ -227,50 +385,69 @@ class Supervision:
     # -- main loop --------------------------------------------------------------------------
     def run(self) -> RunResult:
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.logs = {name: (self.run_dir / f"{name}.log").open("a", buffering=1) for name in self.runs}
+        self.logs = {name: (self.run_dir / f"{name}.log").open("a") for name in self.runs}
         for run in self.runs.values():
             self.cb.on_state(run)
-        interrupts = 0
+        stops: list[int] = []
         try:
-            self.backend.start(self.plan, self.options, self.events.put)
-            next_check = time.monotonic() + CHECK_EVERY
-            while True:
-                try:  # the whole iteration: a Ctrl-C may land anywhere in it
-                    if all(r.done for r in self.runs.values()):
-                        break
-                    with contextlib.suppress(queue.Empty):
-                        self.handle(self.events.get(timeout=CHECK_EVERY))
-                    if time.monotonic() >= next_check:  # on a timer: busy hosts must not starve it
-                        next_check = time.monotonic() + CHECK_EVERY
-                        self._check_silence()
-                        self._check_rendezvous()
-                        self._check_hang()
-                except KeyboardInterrupt:
-                    interrupts += 1
-                    if interrupts == 1 and self.options.dump_on_interrupt:
-                        self.dump_stacks("interrupt")
-                    if interrupts == 1:
-                        self.stop_all(False, "interrupted: stopping the job on every host (Ctrl-C again to force)")
-                    else:
-                        self.stop_all(True, "interrupted again: killing the job on every host")
+            with stop_signals_raise():
+                self.backend.start(self.plan, self.options, self.emit)
+                self._loop(stops)
         finally:
             with interrupts_ignored():  # the job is over: a late Ctrl-C must not lose its summary
                 self.backend.close()
                 for f in self.logs.values():
                     f.close()
         with interrupts_ignored():
-            return self._result(interrupted=interrupts > 0)
+            return self._result(stops[0] if stops else None)
 
-    def _result(self, interrupted: bool) -> RunResult:
+    def _loop(self, stops: list[int]) -> None:
+        next_check = time.monotonic() + CHECK_EVERY
+        while True:
+            try:  # the whole iteration: a Ctrl-C may land anywhere in it
+                if all(r.done for r in self.runs.values()) and self.lanes.empty():
+                    return
+                event = self.lanes.get(CHECK_EVERY)
+                if event is not None:
+                    self.handle(event)
+                if time.monotonic() >= next_check:  # on a timer: busy hosts must not starve it
+                    next_check = time.monotonic() + CHECK_EVERY
+                    self._check_links()
+                    self._check_rendezvous()
+                    self._check_hang()
+            except KeyboardInterrupt as exc:
+                self._interrupted(exc, stops)
+
+    def _interrupted(self, exc: KeyboardInterrupt, stops: list[int]) -> None:
+        signum = exc.signum if isinstance(exc, StopSignal) else int(signal.SIGINT)
+        stops.append(signum)
+        if len(stops) > 1:
+            self.stop_all(True, "interrupted again: killing the job on every host")
+            return
+        if signum == signal.SIGINT and self.options.dump_on_interrupt:
+            self.dump_stacks("interrupt")
+        if signum == signal.SIGINT:
+            self.stop_all(False, "interrupted: stopping the job on every host (Ctrl-C again to force)")
+        else:
+            self.stop_all(False, f"got {STOP_SIGNALS[signal.Signals(signum)]}: stopping the job on every "
+                                 f"host, as Ctrl-C does; `up` exits {128 + signum}")
+
+    def _result(self, signum: int | None) -> RunResult:
         runs = list(self.runs.values())
+        interrupted = signum is not None
         ok = all(r.exit_code == 0 for r in runs) and not interrupted and not self.hung and not self.cause
-        code = 0 if ok else (130 if interrupted else 1)
+        code = 0 if ok else (128 + signum if signum is not None else 1)
         if len(runs) == 1 and runs[0].exit_code not in (None, 0) and not interrupted and not self.cause:
             code = runs[0].exit_code or 1  # a single host: torchrun's own exit code
-        root = root_cause(self.failures)
-        first = self.runs[root.host] if root is not None and not ok else self.first_failure
+        root = root_cause(self.failures) if not ok else None
+        loss = self.losses[0] if self.losses and not ok else None
+        if loss is not None and root is not None and not root.consequence and \
+                (root.error.timestamp or float("inf")) < loss.at:
+            loss = None  # a rank's own error came first: the loss followed from it
+        first = self.runs[loss.host] if loss is not None else \
+            self.runs[root.host] if root is not None else self.first_failure
         result = RunResult(self.plan.job_id, self.run_dir, runs, code, first, interrupted,
                            {hl.host.name: hl.nproc for hl in self.plan.hosts}, self.hung,
-                           root if not ok else None, self.cause)
+                           root, self.cause, loss, signum)
         write_summary(self.plan, result)
         return result

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import node_agent
-from node_agent.protocol import parse_line
+from node_agent.protocol import EVENT_PREFIX, RESULT_PREFIX, parse_line
 from orchestrator.errors import HostError, HostErrorKind
 from orchestrator.remote.transport import CommandResult, OutputLine, RunningCommand, Transport
 
@@ -147,6 +147,24 @@ class AgentResult:
 
 
 Message = AgentEvent | AgentResult | OutputLine
+# In a batch, a line of program output on stdout is its bare text: a chatty job's output stays
+# one str per line, with no object around it.
+Batched = str | AgentEvent | AgentResult | OutputLine
+PROTOCOL_MARK = "@@DDPCTL-"  # every protocol line starts so (EVENT_PREFIX and RESULT_PREFIX)
+assert EVENT_PREFIX.startswith(PROTOCOL_MARK) and RESULT_PREFIX.startswith(PROTOCOL_MARK)
+
+
+def decode_batch(name: str, lines: list[str]) -> list[Batched]:
+    """A chunk of one stream's lines: stdout's program output as bare text, protocol lines
+    decoded; another stream's lines (stderr) as OutputLines."""
+    if name != "stdout":
+        return [OutputLine(name, text) for text in lines]
+    return [_protocol(text) if text.startswith(PROTOCOL_MARK) else text for text in lines]
+
+
+def _protocol(text: str) -> Batched:
+    message = decode(OutputLine("stdout", text))
+    return message.text if isinstance(message, OutputLine) else message
 
 
 def decode(line: OutputLine) -> Message:
@@ -227,6 +245,14 @@ class AgentStream:
             if isinstance(message, OutputLine):
                 self.other = [*self.other[-19:], message.text]
             yield message
+
+    def batches(self) -> Iterator[list[Batched]]:
+        """The messages chunk by chunk, as they arrive (program output on stdout as bare text)."""
+        for name, lines in self.running.chunks():
+            batch = decode_batch(name, lines)
+            if name != "stdout":
+                self.other = [*self.other[-19:], *lines[-20:]][-20:]
+            yield batch
 
     def send(self, data: bytes) -> None:
         self.running.send(data)

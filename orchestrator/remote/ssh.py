@@ -4,6 +4,7 @@ rules; ssh_config and keys come from ssh_config.py, failures are translated by s
 from __future__ import annotations
 
 import contextlib
+import functools
 import shlex
 import threading
 import time
@@ -20,7 +21,15 @@ from orchestrator.remote.predial import PreDial
 from orchestrator.remote.ssh_config import apply_identities
 from orchestrator.remote.ssh_errors import UnknownHostKey, translate
 from orchestrator.remote.ssh_options import RecordedHostKey, SshOptions
-from orchestrator.remote.transport import CommandResult, LineQueue, OutputLine, RunningCommand, timed_out
+from orchestrator.remote.transport import (
+    CHUNK,
+    Chunk,
+    CommandResult,
+    LineQueue,
+    OutputLine,
+    RunningCommand,
+    timed_out,
+)
 
 
 class RejectUnknown(paramiko.MissingHostKeyPolicy):
@@ -99,11 +108,14 @@ class SshRunning:
         self.host = host
         self.chan = chan
         self._lines = LineQueue()
-        self._lines.reader("stdout", chan.makefile("rb"))
-        self._lines.reader("stderr", chan.makefile_stderr("rb"))
+        self._lines.reader("stdout", functools.partial(chan.recv, CHUNK))
+        self._lines.reader("stderr", functools.partial(chan.recv_stderr, CHUNK))
 
     def lines(self) -> Iterator[OutputLine]:
         return iter(self._lines)
+
+    def chunks(self) -> Iterator[Chunk]:
+        return self._lines.chunks()
 
     def send(self, data: bytes) -> None:
         self.chan.sendall(data)
@@ -113,9 +125,12 @@ class SshRunning:
             self.chan.shutdown_write()
 
     def wait(self, timeout: float | None = None) -> int | None:
+        """The command's exit status; None when it has none (yet): the connection closed
+        without one (host or sshd died, or we dropped it), or `timeout` passed."""
         if not self.chan.status_event.wait(timeout):
             return None
-        return self.chan.recv_exit_status()
+        code = self.chan.recv_exit_status()
+        return None if code == -1 else code  # paramiko's -1: closed without an exit status
 
     def abort(self) -> None:
         self.chan.close()
@@ -206,12 +221,24 @@ class SshTransport:
         reader = threading.Thread(target=_collect, args=(running, out, err), daemon=True)
         reader.start()
         code = running.wait(timeout)
-        if code is None:
+        if code is None and not running.chan.status_event.is_set():
             running.abort()
             raise timed_out(self.host.name, argv, timeout)
+        code = -1 if code is None else code  # closed without an exit status
         reader.join(5)
         return CommandResult(self.host.name, tuple(argv), code, "\n".join(out) + ("\n" if out else ""),
                              "\n".join(err) + ("\n" if err else ""), time.monotonic() - started)
+
+    def reconnect(self) -> None:
+        """Forget the connection (it may be stuck: its TCP backoff grown over an outage) and open
+        a fresh one now; the old one is closed in the background, never waited on. Raises the
+        new connection's HostError."""
+        with self._lock:
+            self._used = True
+            old, self._conn = self._conn, None
+        if old is not None:
+            threading.Thread(target=old.close, daemon=True).start()
+        self.connection()
 
     def close(self) -> None:
         with self._lock:

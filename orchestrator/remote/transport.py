@@ -6,13 +6,14 @@ Both implementations share one timeout rule: a command that runs past its deadli
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import queue
 import shlex
 import subprocess
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -50,6 +51,7 @@ class RunningCommand(Protocol):
     """A command started with stdin kept open: stream its lines, feed or close its stdin."""
 
     def lines(self) -> Iterator[OutputLine]: ...
+    def chunks(self) -> Iterator[Chunk]: ...
     def send(self, data: bytes) -> None: ...
     def close_stdin(self) -> None: ...
     def wait(self, timeout: float | None = None) -> int | None: ...
@@ -65,6 +67,9 @@ class Transport(Protocol):
 
     def start(self, argv: Sequence[str], *, stdin: bytes | None = None) -> RunningCommand: ...
 
+    def reconnect(self) -> None:
+        """Replace the connection with a fresh one (after an outage); raises HostError."""
+
     def close(self) -> None: ...
 
 
@@ -76,23 +81,43 @@ def timed_out(host: str, argv: Sequence[str], timeout: float | None) -> HostErro
 
 
 _EOF = object()
+CHUNK = 1 << 16  # bytes read at once from a command's stdout or stderr
+QUEUED_CHUNKS = 16  # chunks a reader may hold before it waits for its consumer: memory stays bounded,
+# and a consumer that falls behind leaves the backlog with the command (where a node keeps its log)
+
+Chunk = tuple[str, list[str]]  # (stream name, whole lines without their newline)
 
 
 @dataclass
 class LineQueue:
-    """Collects lines from reader threads into one ordered stream."""
+    """Collects whole lines from reader threads into one ordered stream, a chunk at a time: each
+    reader reads what is there (up to CHUNK bytes), splits it into lines once and queues them as
+    one item. The queue is bounded, so a slow consumer slows the readers, not our memory."""
 
-    q: queue.Queue[object] = field(default_factory=queue.Queue)
+    q: queue.Queue[object] = field(default_factory=lambda: queue.Queue(QUEUED_CHUNKS))
     open_readers: int = 0
 
-    def reader(self, name: str, stream: object) -> threading.Thread:
+    def reader(self, name: str, read: Callable[[], bytes]) -> threading.Thread:
+        """`read()` returns what is available (b"" at EOF)."""
         self.open_readers += 1
 
         def pump() -> None:
+            partial = b""
             try:
-                for raw in iter(stream.readline, b""):  # type: ignore[attr-defined]
-                    text = raw.decode("utf-8", "replace").rstrip("\r\n")
-                    self.q.put(OutputLine(name, text))
+                while True:
+                    try:
+                        data = read()
+                    except (OSError, EOFError, ValueError):
+                        data = b""
+                    if not data:
+                        break
+                    data = partial + data
+                    cut = data.rfind(b"\n") + 1
+                    partial = data[cut:]
+                    if cut:
+                        self.q.put((name, split_lines(data[:cut])))
+                if partial:
+                    self.q.put((name, split_lines(partial + b"\n")))
             finally:
                 self.q.put(_EOF)
 
@@ -100,15 +125,30 @@ class LineQueue:
         t.start()
         return t
 
-    def __iter__(self) -> Iterator[OutputLine]:
+    def chunks(self) -> Iterator[Chunk]:
         remaining = self.open_readers
         while remaining:
             item = self.q.get()
             if item is _EOF:
                 remaining -= 1
             else:
-                assert isinstance(item, OutputLine)
-                yield item
+                yield item  # type: ignore[misc]
+
+    def __iter__(self) -> Iterator[OutputLine]:
+        for name, lines in self.chunks():
+            for text in lines:
+                yield OutputLine(name, text)
+
+
+def split_lines(data: bytes) -> list[str]:
+    """Whole lines (`data` ends with a newline) as text: one decode, one split; CRs dropped as a
+    line's ending."""
+    text = data.decode("utf-8", "replace")
+    lines = text.split("\n")
+    lines.pop()
+    if "\r" in text:
+        lines = [line.rstrip("\r") for line in lines]
+    return lines
 
 
 class LocalRunning:
@@ -117,11 +157,15 @@ class LocalRunning:
     def __init__(self, proc: subprocess.Popen[bytes]) -> None:
         self.proc = proc
         self._lines = LineQueue()
-        self._lines.reader("stdout", proc.stdout)
-        self._lines.reader("stderr", proc.stderr)
+        assert proc.stdout is not None and proc.stderr is not None
+        self._lines.reader("stdout", functools.partial(os.read, proc.stdout.fileno(), CHUNK))
+        self._lines.reader("stderr", functools.partial(os.read, proc.stderr.fileno(), CHUNK))
 
     def lines(self) -> Iterator[OutputLine]:
         return iter(self._lines)
+
+    def chunks(self) -> Iterator[Chunk]:
+        return self._lines.chunks()
 
     def send(self, data: bytes) -> None:
         assert self.proc.stdin is not None
@@ -179,6 +223,9 @@ class LocalTransport:
         if stdin:
             running.send(stdin)
         return running
+
+    def reconnect(self) -> None:
+        return None  # no connection to lose
 
     def close(self) -> None:
         return None

@@ -90,8 +90,8 @@ def test_an_event_that_comes_before_the_one_awaited_is_kept_for_its_own_wait() -
     connected = AgentEvent("connected", {"results": [{"ok": True}]})
     facts = AgentEvent("facts", {"facts": {}})
     session.events = queue.Queue()
-    session.events.put(connected)
-    session.events.put(facts)
+    session.events.put([connected])  # the session's reader queues a batch of messages at a time
+    session.events.put([facts])
     deadline = time.monotonic() + 5
     assert session.wait_for("facts", deadline) is facts
     assert session.wait_for("connected", deadline) is connected

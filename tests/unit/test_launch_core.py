@@ -105,8 +105,8 @@ def until_stopped(b: ScriptedBackend, emit: Emit, code: int = 143) -> None:
 
 def test_a_clean_run_maps_torchrun_prefixes_to_global_ranks_and_keeps_logs(tmp_path: Path) -> None:
     def script(_b: ScriptedBackend, emit: Emit) -> None:
-        emit_all(emit, [Started("a"), Started("b"), Output("b", "[default1]:loss=1.0"), Alive("a"),
-                        Output("a", "torchrun says hi"), Exited("a", 0), Exited("b", 0)])
+        emit_all(emit, [Started("a"), Started("b"), Output("b", ["[default1]:loss=1.0"]), Alive("a"),
+                        Output("a", ["torchrun says hi"]), Exited("a", 0), Exited("b", 0)])
 
     result, out, backend = launch(script, tmp_path)
     assert result.exit_code == 0 and result.ok and result.first_failure is None
@@ -209,7 +209,7 @@ def test_plan_job_passes_settle_to_the_backend(settle: bool) -> None:
 
 def test_ranks_that_never_start_trip_the_watchdog_which_names_the_blocked_port(tmp_path: Path) -> None:
     def script(b: ScriptedBackend, emit: Emit) -> None:
-        emit_all(emit, [Started("a"), Started("b"), phase("a", 0, -1, "started"), Output("b", "connecting...")])
+        emit_all(emit, [Started("a"), Started("b"), phase("a", 0, -1, "started"), Output("b", ["connecting..."])])
         until_stopped(b, emit)
 
     dropped = ProbeOutcome("b", "a", "198.18.0.1", 29555, "master_port", False, "timeout", "timed out")

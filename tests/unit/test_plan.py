@@ -37,7 +37,7 @@ def test_static_argv_carries_node_rank_and_master() -> None:
     a, b = plan.hosts
     assert a.argv() == ["/opt/py/bin/python", "-m", "torch.distributed.run", "--nnodes", "2",
                         "--nproc-per-node", "2", "--node-rank", "0", "--master-addr", "198.18.0.1",
-                        "--master-port", "29500", "--max-restarts", "0", "--tee", "3",
+                        "--master-port", "29500", "--max-restarts", "0", "--redirects", "3",
                         "train.py", "--lr", "0.1"]
     assert b.argv()[b.argv().index("--node-rank") + 1] == "1"
     assert b.argv()[0] == "python3"

@@ -17,6 +17,7 @@ from orchestrator.doctor.model import ProbeResults
 from orchestrator.errors import HostError
 from orchestrator.hostops.stacks import StacksReport
 from orchestrator.launch.events import BackendEvent
+from orchestrator.launch.faults import limits_for
 from orchestrator.launch.options import LaunchOptions
 from orchestrator.launch.plan import HostLaunch, LaunchPlan
 from orchestrator.sync.core import Progress, SyncReport
@@ -25,8 +26,6 @@ Emit = Callable[[BackendEvent], None]
 
 Notice = Callable[[str], None]
 
-LOST_AFTER = 15.0  # no line or heartbeat from a node for this long: it is lost (and a node's
-# supervisor ends its job after as long without a heartbeat from us)
 
 
 @dataclass(frozen=True)
@@ -53,7 +52,8 @@ def supervise_request(plan: LaunchPlan, launch: HostLaunch, options: LaunchOptio
     return {"job_id": plan.job_id, "job_name": plan.job.name, "node_rank": launch.node_rank,
             "launcher": list(launch.launcher), "program": list(launch.program),
             "env": dict(launch.env), "cwd": launch.cwd, "grace": options.grace,
-            "heartbeat_timeout": 0 if detach else LOST_AFTER, "detach": detach,
+            "heartbeat_timeout": 0 if detach else limits_for(plan.job.lost_after, options.lost_after).node_after,
+            "detach": detach,
             "nccl_debug": options.nccl_debug, "wrap": launch.wrapped}
 
 
@@ -75,6 +75,10 @@ class Backend(Protocol):
 
     def drop(self, host: str) -> None:
         """Give up on a node (lost): close what connects us to it; it ends its part on its own."""
+
+    def reattach(self, host: str) -> None:
+        """The node has gone silent: try to reach it again (in the background) and resume its
+        events where they stopped (`Reattached`); a backend that cannot lose a node does nothing."""
 
     def close(self) -> None:
         """The job is over: stop background work (heartbeats, pollers)."""

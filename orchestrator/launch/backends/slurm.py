@@ -216,7 +216,7 @@ class SlurmBackend:
         host = names[node]
         message = decode(OutputLine("stdout", text))
         if isinstance(message, OutputLine):
-            emit(Output(host, message.text))
+            emit(Output(host, (message.text,)))
         elif isinstance(message, AgentResult):
             result = parse_supervise(message.data)
             if run in self.requeued:
@@ -298,6 +298,9 @@ class SlurmBackend:
 
     def drop(self, host: str) -> None:
         return None  # the scheduler owns the nodes: a lost one ends with the job (scancel)
+
+    def reattach(self, host: str) -> None:
+        return None  # the nodes' output comes through files on the shared filesystem: nothing to re-open
 
     def close(self) -> None:
         """Every node has ended: wait (bounded) until Slurm has cleaned the job up too, so that

@@ -7,11 +7,11 @@ start) from `ddpctl up` to a running torchrun."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 
 from inventory import Job
 from inventory.gpus import check_job_env
@@ -21,19 +21,50 @@ from orchestrator.doctor.model import ProbeResults
 from orchestrator.errors import HostError, HostErrorKind
 from orchestrator.hostops.stacks import StacksReport, collect
 from orchestrator.launch.backends.base import DetachReport, Emit, Notice, Resolved, supervise_request
-from orchestrator.launch.events import Alive, Exited, Lost, Milestone, Output, Problem, Reported, Started
+from orchestrator.launch.events import (
+    Alive,
+    Exited,
+    Lost,
+    Milestone,
+    Output,
+    Problem,
+    Reattached,
+    Reported,
+    Started,
+)
+from orchestrator.launch.faults import HEARTBEAT_EVERY, RETRY_EVERY
 from orchestrator.launch.options import LaunchOptions
 from orchestrator.launch.plan import HostLaunch, LaunchPlan
 from orchestrator.launch.preflight import Preflight, gather, resolve_nprocs, settle_master_port, static_nprocs
-from orchestrator.remote.agent import AgentEvent, AgentResult, AgentStream, call_agent, start_agent
+from orchestrator.remote.agent import AgentEvent, AgentResult, AgentStream, Batched, call_agent, start_agent
 from orchestrator.remote.pool import HostPool
 from orchestrator.remote.transport import OutputLine, Transport
 from orchestrator.remote.wire import parse_detached, parse_rank_phase, parse_supervise
 from orchestrator.sync.core import Progress, SyncReport, sync_job
 
-HEARTBEAT_EVERY = 2.0  # each node's supervisor ends its job after LOST_AFTER without one
 REPROBE_TIMEOUT_S = 20.0  # the watchdog's re-probe: each host's session must open within this
 DETACH_TIMEOUT_S = 60.0  # a detached start answers once its supervisor has written its state
+
+
+@dataclass
+class HostLink:
+    """One host's connection to its supervisor, across re-attaches: each session is a
+    generation; only the current one's messages count."""
+
+    launch: HostLaunch
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    generation: int = 0
+    stream: AgentStream | None = None
+    committed: int = 0  # the node's log offset after the last batch handed on
+    reattaching: bool = False
+    dropped: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.launch.host.name
+
+    def current(self, generation: int) -> bool:
+        return self.generation == generation and not self.dropped
 
 
 class SshBackend:
@@ -43,7 +74,9 @@ class SshBackend:
 
     def __init__(self, pool: HostPool) -> None:
         self.pool = pool
-        self.streams: dict[str, AgentStream] = {}
+        self.links: dict[str, HostLink] = {}
+        self.plan: LaunchPlan | None = None
+        self.emit: Emit = lambda event: None
         self.stopping: dict[str, bytes] = {}  # host -> the stop word it has been (or will be) sent
         self.held: dict[str, Session] = {}  # the pre-launch sessions, waiting for their START
         self.lock = threading.Lock()
@@ -96,39 +129,83 @@ class SshBackend:
 
     # -- running ----------------------------------------------------------------------------
     def start(self, plan: LaunchPlan, options: LaunchOptions, emit: Emit) -> None:
+        self.plan, self.emit = plan, emit
         for launch in plan.hosts:
-            threading.Thread(target=self._run_host, args=(plan, launch, options, emit), daemon=True).start()
-        threading.Thread(target=self._heartbeats, daemon=True).start()
+            link = HostLink(launch)
+            self.links[launch.host.name] = link
+            threading.Thread(target=self._run_host, args=(plan, link, options, emit), daemon=True).start()
 
-    def _run_host(self, plan: LaunchPlan, launch: HostLaunch, options: LaunchOptions, emit: Emit) -> None:
-        name = launch.host.name
-        request = supervise_request(plan, launch, options, detach=False)
+    def _run_host(self, plan: LaunchPlan, link: HostLink, options: LaunchOptions, emit: Emit) -> None:
+        name = link.name
+        request = supervise_request(plan, link.launch, options, detach=False)
         session = self._take(name)
         try:
             if session is not None:  # the pre-launch session goes on to run torchrun
                 session.start(request)
-                stream, messages = session.running, session.messages()
+                stream, batches = session.running, session.batches()
             else:
-                stream = start_agent(self.pool.transport(launch.host), "supervise", request)
-                messages = stream.messages()
+                stream = start_agent(self.pool.transport(link.launch.host), "supervise", request)
+                batches = stream.batches()
         except HostError as exc:
             emit(Lost(name, exc.message + (f" (fix: {exc.fix})" if exc.fix else "")))
             return
         except Exception as exc:  # the held session's channel is gone
             emit(Lost(name, f"the connection to {name} closed before its start: {exc!r}"))
             return
+        self._attach(link, 0, stream)
+        self._follow(link, 0, stream, batches, emit)
+
+    def _attach(self, link: HostLink, generation: int, stream: AgentStream) -> None:
+        """`stream` is the link's now: heartbeats go to it, and a stop word asked meanwhile."""
+        with link.lock:
+            old, link.stream = link.stream, stream
+        if old is not None and old is not stream:
+            threading.Thread(target=old.abort, daemon=True).start()
         with self.lock:
-            self.streams[name] = stream
-            word = self.stopping.get(name)
+            word = self.stopping.get(link.name)
         if word is not None:  # stopped while it was connecting
             self._send(stream, word)
-        for message in messages:
-            if isinstance(message, OutputLine):
-                emit(Output(name, message.text))
-            elif isinstance(message, AgentResult):
-                emit(Reported(name, parse_supervise(message.data)))
-            else:
-                emit(self._event(name, message))
+        threading.Thread(target=self._heartbeats, args=(link, generation, stream), daemon=True).start()
+
+    def _follow(self, link: HostLink, generation: int, stream: AgentStream,
+                batches: Iterator[list[Batched]], emit: Emit) -> None:
+        """One session's messages as events, until it ends or a newer session replaces it.
+        Output is handed on a committed batch at a time (the node's `out` line), so a batch cut
+        off with a broken session comes again, whole, from the session that replaces it."""
+        name = link.name
+        pending: list[str] = []
+        result = None
+        for batch in batches:
+            if not link.current(generation):
+                return
+            for message in batch:
+                if isinstance(message, str):
+                    pending.append(message)
+                elif isinstance(message, OutputLine):
+                    pending.append(message.text)  # the agent's own stderr: shown with the output
+                elif isinstance(message, AgentResult):
+                    result = parse_supervise(message.data)
+                elif message.name == "out":
+                    with link.lock:
+                        if link.generation != generation:
+                            return
+                        link.committed = int(message.get("end") or link.committed)
+                        if pending:
+                            emit(Output(name, pending))
+                    pending = []
+                elif message.name == "attached":
+                    if generation:
+                        emit(Reattached(name))
+                elif message.name == "heartbeat":
+                    emit(Alive(name, message.get("heard_s")))
+                else:
+                    emit(self._event(name, message))
+        if not link.current(generation):
+            return
+        if pending:
+            emit(Output(name, pending))
+        if result is not None:
+            emit(Reported(name, result))
         emit(Exited(name, stream.wait(5.0)))
 
     @staticmethod
@@ -139,15 +216,56 @@ class SshBackend:
             return Problem(name, str(event.get("message")))
         if event.name == "rank":
             return Milestone(name, parse_rank_phase(event.fields))
-        return Alive(name)  # heartbeat, or an event this version does not know: the host is there
+        return Alive(name)  # an event this version does not know: the host is there
 
-    def _heartbeats(self) -> None:
-        while not self.closed.wait(HEARTBEAT_EVERY):
-            with self.lock:
-                streams = list(self.streams.values())
-            for stream in streams:  # stopping nodes too: their grace period must not look like a loss
-                with contextlib.suppress(Exception):  # a dead channel shows up as silence: lost
-                    stream.send(b"HEARTBEAT\n")
+    def _heartbeats(self, link: HostLink, generation: int, stream: AgentStream) -> None:
+        """Each session its own beat: a stuck channel holds up no other host's heartbeats."""
+        while not self.closed.wait(HEARTBEAT_EVERY) and link.current(generation):
+            try:  # stopping nodes too: their grace period must not look like a loss
+                stream.send(b"HEARTBEAT\n")
+            except Exception:
+                return  # a dead channel shows up as silence (or as its close)
+
+    def reattach(self, host: str) -> None:
+        """The host has gone silent: reach it again on a fresh connection (a new TCP connection
+        does not inherit the stuck one's retransmission backoff) and take its supervisor's
+        output from the last committed batch. Tries until it gets through, the host is dropped
+        (lost) or the job is over."""
+        link = self.links.get(host)
+        if link is None:
+            return
+        with link.lock:
+            if link.reattaching or link.dropped:
+                return
+            link.reattaching = True
+        threading.Thread(target=self._reattach, args=(link,), daemon=True).start()
+
+    def _reattach(self, link: HostLink) -> None:
+        try:
+            while not self.closed.is_set() and not link.dropped:
+                try:
+                    transport = self.pool.transport(link.launch.host)
+                    transport.reconnect()
+                    with link.lock:
+                        if link.dropped:
+                            return
+                        link.generation += 1
+                        generation, offset = link.generation, link.committed
+                    assert self.plan is not None  # started
+                    stream = start_agent(transport, "attach", {"job_id": self.plan.job_id,
+                                                               "node_rank": link.launch.node_rank,
+                                                               "offset": offset})
+                except Exception:  # the host is still out of reach: try again
+                    self.closed.wait(RETRY_EVERY)
+                    continue
+                self._attach(link, generation, stream)
+                with link.lock:
+                    link.reattaching = False
+                self._follow(link, generation, stream, stream.batches(), self.emit)
+                return
+        finally:
+            with link.lock:
+                link.reattaching = False
 
     @staticmethod
     def _send(stream: AgentStream, word: bytes) -> None:
@@ -161,15 +279,23 @@ class SshBackend:
         with self.lock:
             for name in hosts:
                 self.stopping[name] = word
-            streams = [self.streams[n] for n in hosts if n in self.streams]
-        for stream in streams:
-            self._send(stream, word)
+        for name in hosts:
+            link = self.links.get(name)
+            stream = link.stream if link is not None else None
+            if stream is not None:
+                threading.Thread(target=self._send, args=(stream, word), daemon=True).start()
 
     def drop(self, host: str) -> None:
-        with self.lock:
-            stream = self.streams.get(host)
+        link = self.links.get(host)
+        if link is None:
+            return
+        with link.lock:
+            link.dropped = True
+            link.generation += 1  # nothing more from it counts
+            stream = link.stream
         if stream is not None:
-            stream.abort()  # its supervisor ends the job when the heartbeats stop
+            threading.Thread(target=stream.abort, daemon=True).start()  # its supervisor ends the job
+            # when the heartbeats stop
 
     def close(self) -> None:
         self.closed.set()

@@ -1,0 +1,140 @@
+"""The attach op: a control plane that lost contact with this host comes back on a fresh
+connection and takes over the job's output and control from where it stopped.
+
+Request: {"job_id", "node_rank", "offset"} (the log offset of the last batch it committed). While
+the job's supervisor runs, this op connects to its attach socket and relays: the socket's bytes
+(events, the log from `offset` in committed batches, at the end the supervise op's result) to
+stdout, and its own stdin (HEARTBEAT/STOP/KILL) to the socket; it exits with the job's exit code.
+Where the supervisor has ended meanwhile, it sends the rest of the log and the result the
+supervisor recorded in state.json, so a job that ended during the outage loses nothing either.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import sys
+import threading
+import time
+
+from node_agent.protocol import RESULT_PREFIX, emit_event
+from node_agent.runstate import read_json, state_dir
+from node_agent.uplink import BATCH, event_line
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing is for the checker only (node_agent/__init__.py)
+    from typing import Any, BinaryIO, Dict, Optional
+
+RESULT_KEYS = ("exit_code", "stop_reason", "first_error", "rank_errors", "state_dir", "log", "nccl")
+MARK = RESULT_PREFIX.encode()
+SETTLE_S = 5.0  # a supervisor that has just ended: how long to wait for its final state
+
+
+def attach(request: Dict[str, Any], control: BinaryIO) -> Dict[str, Any]:
+    directory = state_dir(str(request["job_id"]), int(request.get("node_rank", 0)))
+    offset = int(request.get("offset") or 0)
+    state = read_json(directory / "state.json")
+    if state is None:
+        return {"exit_code": 3, "error": {"type": "NotFound", "message": "no run state of job %s node %s on %s"
+                                          % (request["job_id"], request.get("node_rank"), socket.gethostname())}}
+    path = state.get("attach")
+    if state.get("status") == "running" and path:
+        code = _relay(str(path), offset, control)
+        if code is not None:
+            return {"exit_code": code, "_sent": True}
+    return _replay(directory, offset)
+
+
+def _relay(path: str, offset: int, control: BinaryIO) -> Optional[int]:
+    """Relay between this session and the supervisor; the job's exit code, or None when the
+    supervisor was not there to take the session (it has ended: replay instead)."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(path)
+        sock.sendall(b"ATTACH %d\n" % offset)
+    except OSError:
+        sock.close()
+        return None
+
+    def upstream() -> None:
+        with contextlib.suppress(OSError):
+            for line in iter(control.readline, b""):
+                sock.sendall(line)
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_WR)  # this session ended: the supervisor hears it as EOF
+
+    threading.Thread(target=upstream, daemon=True).start()
+    sys.stdout.flush()
+    carry, tail = b"", None  # tail: from the last result marker on (the job's exit code is in it)
+    got = False
+    while True:
+        try:
+            data = sock.recv(1 << 16)
+        except OSError:
+            data = b""
+        if not data:
+            break
+        got = True
+        _write_all(data)
+        joined = carry + data
+        at = joined.rfind(MARK)
+        if at >= 0:
+            tail = joined[at:]
+        elif tail is not None:
+            tail = (tail + data)[:1 << 22]
+        carry = joined[-len(MARK):]
+    sock.close()
+    if not got:
+        return None
+    line = tail.split(b"\n", 1)[0][len(MARK):] if tail is not None else b""
+    try:
+        return int(json.loads(line.decode()).get("exit_code") or 0)
+    except (ValueError, AttributeError):
+        return 1  # the supervisor went away before its result: the control plane sees no result
+
+
+def _write_all(data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(1, view):]
+
+
+def _replay(directory: Any, offset: int) -> Dict[str, Any]:
+    """The supervisor has ended: the log from `offset` in committed batches, then its result."""
+    deadline = time.monotonic() + SETTLE_S
+    state = read_json(directory / "state.json") or {}
+    while state.get("status") != "exited" and time.monotonic() < deadline:
+        time.sleep(0.1)
+        state = read_json(directory / "state.json") or {}
+    sys.stdout.flush()
+    emit_event("attached", offset=offset, replay=True)
+    sys.stdout.flush()
+    try:
+        with open(str(directory / "output.log"), "rb") as log:
+            log.seek(offset)
+            while True:
+                data = log.read(BATCH)
+                if not data:
+                    break
+                end = offset + len(data)
+                if not data.endswith(b"\n"):
+                    more = log.read(1)
+                    if more:  # cut at the last whole line; the rest comes with the next batch
+                        cut = data.rfind(b"\n") + 1 or len(data)
+                        log.seek(offset + cut)
+                        data, end = data[:cut], offset + cut
+                    if not data.endswith(b"\n"):
+                        data += b"\n"
+                _write_all(data + event_line("out", end=end))
+                offset = end
+    except OSError:
+        pass
+    for name in sorted(os.listdir(str(directory / "ranks"))) if (directory / "ranks").is_dir() else ():
+        record = read_json(directory / "ranks" / name)
+        if record is not None:
+            _write_all(event_line("rank", **record))
+    if state.get("status") != "exited":
+        return {"exit_code": 1, "stop_reason": "the supervisor on %s ended without a result" % socket.gethostname()}
+    return {key: state.get(key) for key in RESULT_KEYS if key in state}

@@ -1,0 +1,256 @@
+"""A supervisor's link to the control plane: what its ranks print is sent from the node's log file,
+so no write to the network ever holds up the ranks, the output pump or the watchdog.
+
+The output pump appends torchrun's output to output.log (and each chunk's end offset and time to
+output.idx) and tells the Uplink how far the log goes. One sender thread, the only writer to the
+control plane, sends first every queued event (a rank's milestone, a heartbeat), then the next
+batch of whole lines from the log followed by a commit line (`out` event, `end` = the log offset
+after the batch): the control plane prints a batch only once its commit has come, so a batch cut
+off by a broken connection is sent again, whole, on a re-attach, and none twice.
+
+Writes never block: the sink is written without blocking and polled, so a stuck channel only
+holds the sender, which drops it the moment a re-attached one replaces it (`attach`, from the
+attach socket; node_agent/attach.py is the other end). Standard library only, Python >= 3.8.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import socket
+import threading
+import time
+from collections import deque
+
+from node_agent.protocol import EVENT_PREFIX, RESULT_PREFIX
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing is for the checker only (node_agent/__init__.py)
+    from typing import Any, Callable, Deque, Dict, List, Optional
+
+HEARTBEAT_EVERY = 2.0  # seconds between heartbeats when nothing else is sent
+BATCH = 1 << 18  # log bytes per batch (then its commit line)
+MAX_LINE = 1 << 20  # a longer "line" (no newline) is sent in pieces
+WRITE_POLL_S = 0.25  # a blocked write looks this often whether its sink was replaced
+ORPHAN_WAIT_S = 1.0  # the job has ended and no sink is left: how long a re-attach may still come
+
+
+def event_line(name: str, **fields: Any) -> bytes:
+    payload = dict(fields)
+    payload["event"] = name
+    return (EVENT_PREFIX + json.dumps(payload, sort_keys=True, default=str) + "\n").encode()
+
+
+def result_line(result: Dict[str, Any]) -> bytes:
+    return (RESULT_PREFIX + json.dumps(result, sort_keys=True, default=str) + "\n").encode()
+
+
+class Sink:
+    """One way to the control plane: the SSH session's stdout (a pipe, made non-blocking), or a
+    re-attached session's relay on the attach socket (sent with MSG_DONTWAIT)."""
+
+    def __init__(self, name: str, fd: Optional[int] = None, sock: Optional[socket.socket] = None) -> None:
+        self.name = name
+        self.fd = fd
+        self.sock = sock
+        self.dead = False
+        if fd is not None:
+            os.set_blocking(fd, False)
+
+    def _send(self, view: memoryview) -> int:
+        if self.sock is not None:
+            return self.sock.send(view, socket.MSG_DONTWAIT)
+        assert self.fd is not None
+        return os.write(self.fd, view)
+
+    def _wait(self) -> None:
+        target = self.sock if self.sock is not None else self.fd
+        select.select([], [target], [], WRITE_POLL_S)
+
+    def write(self, data: bytes, current: Callable[[], bool]) -> bool:
+        """Write all of `data` unless the sink dies or stops being `current`; True when written."""
+        view = memoryview(data)
+        while view:
+            if self.dead or not current():
+                return False
+            try:
+                view = view[self._send(view):]
+            except (BlockingIOError, InterruptedError):
+                self._wait()
+            except OSError:
+                self.dead = True
+                return False
+        return True
+
+    def close(self) -> None:
+        self.dead = True
+        if self.sock is not None:
+            with contextlib.suppress(OSError):
+                self.sock.shutdown(socket.SHUT_RDWR)
+            self.sock.close()
+
+
+class Uplink:
+    """The sender: events first, then the log's next batch with its commit, to the current sink."""
+
+    def __init__(self, log_path: str, commit: bool = True,
+                 on_lost: Optional[Callable[[str], None]] = None,
+                 heard: Optional[Callable[[], float]] = None) -> None:
+        self.log_path = log_path
+        self.commit = commit  # commit lines (a re-attachable session); a batch job's file needs none
+        self.on_lost = on_lost  # the current sink died (the control plane closed it)
+        self.heard = heard  # seconds since the control plane was last heard (sent with heartbeats)
+        self.cond = threading.Condition()
+        self.log_end = 0
+        self.log_done = False
+        self.events: Deque[bytes] = deque()
+        self.sink: Optional[Sink] = None
+        self.next_sink: Optional[Sink] = None
+        self.next_offset = 0
+        self.sent = 0  # log offset sent (and committed) to the current sink
+        self.final: Optional[bytes] = None
+        self.delivered = threading.Event()
+        self.replay: Callable[[], List[bytes]] = lambda: []  # events a re-attached sink gets again
+        self.closed = False
+
+    # -- from other threads ---------------------------------------------------------------
+    def grew(self, end: int) -> None:
+        with self.cond:
+            self.log_end = end
+            self.cond.notify()
+
+    def log_finished(self) -> None:
+        with self.cond:
+            self.log_done = True
+            self.cond.notify()
+
+    def event(self, name: str, **fields: Any) -> None:
+        with self.cond:
+            self.events.append(event_line(name, **fields))
+            self.cond.notify()
+
+    def attach(self, sink: Sink, offset: int) -> None:
+        """A re-attached session: from now on it is the sink, resuming the log at `offset`."""
+        with self.cond:
+            if self.next_sink is not None:
+                self.next_sink.close()
+            self.next_sink, self.next_offset = sink, max(0, min(offset, self.log_end))
+            self.cond.notify()
+
+    def is_current(self, sink: Sink) -> bool:
+        with self.cond:
+            return (self.next_sink or self.sink) is sink
+
+    def finish(self, result: Dict[str, Any], wait_s: float) -> bool:
+        """Send the op's result after the last of the log. Waits while a sink may still take it:
+        up to wait_s for a stuck one (a control plane cut off may re-attach to read the end), a
+        moment where none is left (its connection closed). False: it went nowhere (state.json
+        has it for a later attach)."""
+        with self.cond:
+            self.final = result_line(result)
+            self.cond.notify()
+        deadline = time.monotonic() + wait_s
+        orphaned = None  # since when no sink is left
+        while not self.delivered.wait(0.1) and time.monotonic() < deadline:
+            with self.cond:
+                alive = self.next_sink is not None or (self.sink is not None and not self.sink.dead)
+            orphaned = None if alive else (orphaned or time.monotonic())
+            if orphaned is not None and time.monotonic() - orphaned > ORPHAN_WAIT_S:
+                break
+        with self.cond:
+            self.closed = True
+            self.cond.notify()
+        return self.delivered.is_set()
+
+    # -- the sender thread -------------------------------------------------------------------
+    def run(self) -> None:
+        with open(self.log_path, "rb") as log:
+            self._loop(log)
+
+    def _loop(self, log: Any) -> None:
+        last_sent = time.monotonic()
+        while True:
+            with self.cond:
+                while not self._work():
+                    if self.closed:
+                        return
+                    self.cond.wait(max(0.05, HEARTBEAT_EVERY - (time.monotonic() - last_sent)))
+                    if time.monotonic() - last_sent >= HEARTBEAT_EVERY and self.sink is not None:
+                        heard = {"heard_s": round(self.heard(), 1)} if self.heard is not None else {}
+                        self.events.append(event_line("heartbeat", **heard))
+                if self.closed and self.sink is None and self.next_sink is None:
+                    return
+                if self.next_sink is not None:
+                    old, self.sink, self.next_sink = self.sink, self.next_sink, None
+                    self.sent = self.next_offset
+                    self.events.appendleft(event_line("attached", offset=self.sent))
+                    self.events.extend(self.replay())
+                    if old is not None and old.fd is None:
+                        old.close()
+                sink = self.sink
+                events, self.events = list(self.events), deque()
+                start, end, done = self.sent, min(self.log_end, self.sent + BATCH), self.log_done
+                final = self.final if done and end == self.log_end else None
+            if sink is None:
+                continue
+            if self._send(sink, log, events, start, end, done, final):
+                last_sent = time.monotonic()
+
+    def _work(self) -> bool:
+        """Something to send now (called with the lock held)."""
+        if self.next_sink is not None:
+            return True
+        if self.sink is None or self.sink.dead:
+            return False
+        return bool(self.events) or self.log_end > self.sent or \
+            (self.final is not None and self.log_done and not self.delivered.is_set())
+
+    def _send(self, sink: Sink, log: Any, events: List[bytes], start: int, end: int, done: bool,
+              final: Optional[bytes]) -> bool:
+        current = lambda: self.is_current(sink)  # noqa: E731
+        if events and not sink.write(b"".join(events), current):
+            return self._dropped(sink)
+        if end > start:
+            log.seek(start)
+            data = log.read(end - start)
+            cut = data.rfind(b"\n") + 1
+            if cut == 0 and (len(data) >= MAX_LINE or (done and end == self.log_end)):
+                cut = len(data)  # a piece of a very long line, or the unterminated last one
+                data += b"\n"
+            else:
+                data = data[:cut]
+            if cut:
+                marker = event_line("out", end=start + cut) if self.commit else b""
+                if not sink.write(data + marker, current):
+                    return self._dropped(sink)
+                with self.cond:
+                    if self.sink is sink:
+                        self.sent = start + cut
+        if final is not None and end >= start and not self._more():
+            if not sink.write(final, current):
+                return self._dropped(sink)
+            self.delivered.set()
+            with self.cond:
+                self.closed = True
+                if self.sink is sink:
+                    self.sink = None
+            if sink.sock is not None:
+                sink.close()
+        return True
+
+    def _more(self) -> bool:
+        with self.cond:
+            return self.log_end > self.sent
+
+    def _dropped(self, sink: Sink) -> bool:
+        """A write did not complete: the sink was replaced (fine) or died (the control plane's
+        connection is gone, unless a re-attached one has taken over)."""
+        with self.cond:
+            replaced = self.next_sink is not None
+            if self.sink is sink:
+                self.sink = None
+        if not replaced and sink.dead and self.on_lost is not None:
+            self.on_lost("control connection lost (%s closed)" % sink.name)
+        return False

@@ -1,0 +1,119 @@
+"""The fault model of a running job: what counts as a lost host, after how long, on which side.
+
+Every limit is here, and README's table ("When a host goes quiet") is generated from `fault_table`
+(tests/unit/test_faults.py checks that it is). A host's link to the control plane is in one of
+four states, each entered at a time the supervision records:
+
+- CONNECTED: lines, heartbeats or events arrive (a reader held up by our own backlog counts as
+  contact: the host is not silent, we are slow).
+- SILENT: nothing for `silent_after` seconds, or the node says it has not heard us for that long.
+  The job runs on; the backend tries a fresh connection every `retry_every` seconds and, when one
+  gets through, re-attaches to the host's supervisor, whose output resumes at the last batch we
+  committed (nothing lost, nothing twice).
+- REATTACHED: a fresh connection took over; from then on it counts as CONNECTED.
+- LOST: silent for `lost_after` seconds; or at once when the connection closes without an exit
+  status (the host or its sshd died: a partition does not close a connection), or when ranks on
+  other hosts fail with errors that point at a silent host. The job stops on every host.
+
+On the node, the supervisor ends its own job when it has not heard the control plane for
+`node_after` = `lost_after` x NODE_FACTOR seconds, whatever its ranks print: later than the
+control plane gives up, so a re-attach that gets through just in time finds the job still
+running, and a cut-off host never runs on for long after `up` has given up on it.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass
+
+HEARTBEAT_EVERY = 2.0  # both ways: the control plane to each node, each node to the control plane
+SILENT_AFTER = 8.0  # four heartbeats missed: start reaching the host on a fresh connection
+RETRY_EVERY = 2.0  # between two attempts at a fresh connection (each within --connect-timeout)
+DEFAULT_LOST_AFTER = 60.0
+NODE_FACTOR = 1.5  # the node's own limit, from the control plane's
+MIN_LOST_AFTER = SILENT_AFTER + RETRY_EVERY  # a host must have a chance to be reached again
+
+
+class LinkState(str, enum.Enum):
+    CONNECTED = "connected"
+    SILENT = "silent"
+    REATTACHED = "re-attached"
+    LOST = "lost"
+
+
+@dataclass(frozen=True)
+class FaultLimits:
+    """The limits of one job's supervision; `lost_after` is the job file's [supervise] lost_after
+    (or --lost-after); the rest follow from it or are fixed."""
+
+    lost_after: float = DEFAULT_LOST_AFTER
+    heartbeat_every: float = HEARTBEAT_EVERY
+    silent_after: float = SILENT_AFTER
+    retry_every: float = RETRY_EVERY
+
+    @property
+    def node_after(self) -> float:
+        """The node's own limit: it ends its job after this long without a heartbeat."""
+        return self.lost_after * NODE_FACTOR
+
+
+@dataclass
+class Link:
+    """One host's link as the control plane sees it, with when it entered its state."""
+
+    host: str
+    state: LinkState = LinkState.CONNECTED
+    since: float = 0.0  # time.time() the state was entered
+    silent_since: float | None = None  # time.monotonic() of the last contact, while SILENT
+
+    def enter(self, state: LinkState) -> None:
+        self.state, self.since = state, time.time()
+
+
+def limits_for(job_lost_after: float | None, option_lost_after: float | None) -> FaultLimits:
+    """The flag wins over the job file, the job file over the default."""
+    chosen = option_lost_after if option_lost_after is not None else job_lost_after
+    return FaultLimits(lost_after=DEFAULT_LOST_AFTER if chosen is None else max(chosen, MIN_LOST_AFTER))
+
+
+def judge(link: Link, quiet_s: float, limits: FaultLimits) -> LinkState | None:
+    """The state a host's link moves to after `quiet_s` seconds without contact, or None when it
+    stays where it is (a LOST link stays lost)."""
+    if link.state is LinkState.LOST:
+        return None
+    if quiet_s >= limits.lost_after:
+        return LinkState.LOST
+    if quiet_s >= limits.silent_after and link.state is not LinkState.SILENT:
+        return LinkState.SILENT
+    if quiet_s < limits.silent_after and link.state is LinkState.SILENT:
+        return LinkState.CONNECTED  # heard again on the old connection: the blip is over
+    return None
+
+
+def fault_table(limits: FaultLimits | None = None) -> list[tuple[str, str, str]]:
+    """(what happens, after how long, on which side): README's table, from the code."""
+    lim = limits or FaultLimits()
+    return [
+        ("heartbeat sent (both ways)", f"every {lim.heartbeat_every:.0f} s", "control plane and node"),
+        ("a host is silent: fresh connection tried, job keeps running",
+         f"{lim.silent_after:.0f} s without a line, event or heartbeat (or the node has not heard us "
+         "for as long)", "control plane"),
+        ("another fresh connection tried", f"every {lim.retry_every:.0f} s (each within --connect-timeout)",
+         "control plane"),
+        ("re-attached: output resumes at the last committed batch, one notice for the episode",
+         "as soon as a fresh connection gets through", "control plane"),
+        ("the host is lost: the job stops on every host", f"lost_after = {lim.lost_after:.0f} s of silence "
+         "([supervise] lost_after, --lost-after)", "control plane"),
+        ("the host is lost at once", "its connection closes without an exit status (host or sshd died), "
+         "or ranks elsewhere fail with errors naming a silent host", "control plane"),
+        ("the node ends its own job", f"{NODE_FACTOR:g} x lost_after = {lim.node_after:.0f} s without a "
+         "heartbeat, whatever its ranks print", "node"),
+        ("the node ends its own job at once", "its current control connection closes (`up` killed)", "node"),
+    ]
+
+
+def fault_table_markdown(limits: FaultLimits | None = None) -> str:
+    rows = ["| what | when | decided by |", "| --- | --- | --- |"]
+    rows += [f"| {what} | {when} | {side} |" for what, when, side in fault_table(limits)]
+    return "\n".join(rows)
