@@ -1,19 +1,27 @@
-"""Ops over this host's ddpctl jobs: list them (ps), stop them (down), replay their output (logs)."""
+"""Ops over this host's ddpctl jobs: list them (ps), stop them (down), replay their output (logs),
+each line with its time and rank."""
 
 from __future__ import annotations
 
+import collections
+import os
+import re
 import subprocess
 import time
 from pathlib import Path
 
 from node_agent.factparse import parse_nvidia_apps
 from node_agent.procfs import alive
-from node_agent.protocol import write_line
-from node_agent.runstate import end_job, iter_states, job_pids, proc_start_ticks
+from node_agent.protocol import emit_event
+from node_agent.runstate import end_job, iter_states, job_pids, proc_start_ticks, read_json
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing is for the checker only (node_agent/__init__.py)
-    from typing import Any, BinaryIO, Dict, Optional
+    from typing import Any, BinaryIO, Deque, Dict, List, Optional, Tuple
+
+LOG_BLOCK = 1 << 18  # bytes of output.log sent as one event at most
+INDEX_BLOCK = 1 << 16  # bytes of output.idx read at a time
+TORCHRUN_PREFIX = re.compile(r"^\[[A-Za-z_]*?(\d+)\]:")  # torchrun --tee's "[default3]:"
 
 
 def _running(state: Dict[str, Any]) -> bool:
@@ -72,31 +80,172 @@ def _latest_state(job: str) -> Optional[Dict[str, Any]]:
     return max(states, key=lambda s: float(s.get("started_at", 0))) if states else None
 
 
-def _read_from(path: Path, offset: int) -> bytes:
+def _read_from(path: Path, offset: int, size: int = -1) -> bytes:
     try:
         with open(str(path), "rb") as f:
             f.seek(offset)
-            return f.read()
+            return f.read(size)
     except OSError:
         return b""
 
 
+def _mtime(path: Path) -> float:
+    try:
+        return os.stat(str(path)).st_mtime
+    except OSError:
+        return time.time()
+
+
+class LogIndex(object):
+    """output.idx beside output.log, read as far as it is needed: one line per chunk the node
+    supervisor appended, "<end offset> <time>": every byte of the log before the offset was
+    written by that time. Entries behind the lines already timed are dropped as it goes."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0  # bytes of the index read so far (whole lines only)
+        self.entries: Deque[Tuple[int, float]] = collections.deque()
+
+    def exists(self) -> bool:
+        return bool(self.entries) or self.path.exists()
+
+    def _more(self) -> bool:
+        data = _read_from(self.path, self.offset, INDEX_BLOCK)
+        cut = data.rfind(b"\n") + 1
+        if not cut:
+            return False
+        self.offset += cut
+        for line in data[:cut].splitlines():
+            parts = line.split()
+            try:
+                self.entries.append((int(parts[0]), float(parts[1])))
+            except (IndexError, ValueError):
+                continue
+        return True
+
+    def time_of(self, end: int) -> Optional[float]:
+        """When the log's bytes before `end` had all been written; None beyond what it covers.
+        Asked for ever larger `end`s."""
+        while True:
+            while self.entries and self.entries[0][0] < end:
+                self.entries.popleft()
+            if self.entries:
+                return self.entries[0][1]
+            if not self._more():
+                return None
+
+
+class RankLabels(object):
+    """torchrun's `[<role><local rank>]:` line prefix -> the global rank, from the rank wrapper's
+    milestone files (ranks/<local rank>.<phase>, JSON with "rank" and "local_rank"); `local<N>`
+    where none says. The files are read again (at most once per block) when a rank is missing."""
+
+    def __init__(self, rank_dir: Path) -> None:
+        self.rank_dir = rank_dir
+        self.ranks: Dict[int, int] = {}
+        self.fresh = False  # read since the current block began
+
+    def _read(self) -> None:
+        self.fresh = True
+        try:
+            names = sorted(os.listdir(str(self.rank_dir)))
+        except OSError:
+            return
+        for name in names:
+            local = name.split(".", 1)[0]
+            if name.endswith(".tmp") or not local.isdigit() or int(local) in self.ranks:
+                continue
+            record = read_json(self.rank_dir / name) or {}
+            rank, local_rank = record.get("rank"), record.get("local_rank", int(local))
+            if isinstance(rank, int) and rank >= 0 and isinstance(local_rank, int):
+                self.ranks[local_rank] = rank
+
+    def label(self, local: int) -> str:
+        if local not in self.ranks and not self.fresh:
+            self._read()
+        rank = self.ranks.get(local)
+        return "local%d" % local if rank is None else str(rank)
+
+
+def _runs(values: List[Any]) -> List[List[Any]]:
+    """[a, a, b] -> [[2, a], [1, b]]: a block's times and labels, run-length encoded."""
+    out: List[List[Any]] = []
+    for v in values:
+        if out and out[-1][1] == v:
+            out[-1][0] += 1
+        else:
+            out.append([1, v])
+    return out
+
+
+def _emit_block(data: bytes, start: int, index: Optional[LogIndex], labels: RankLabels,
+                fallback: Optional[float]) -> int:
+    """Send the lines of `data` (output.log from byte `start`) as one "log" event: each line's
+    time, rank label (None: torchrun's own line) and text. A line whose time the index does not
+    know yet, where `fallback` is None, and the lines after it wait for the next pass. Returns the
+    bytes consumed."""
+    labels.fresh = False
+    times: List[float] = []
+    ranks: List[Optional[str]] = []
+    texts: List[str] = []
+    pos = start
+    for raw in data.splitlines(True):
+        t = index.time_of(pos + len(raw)) if index is not None else None
+        if t is None:
+            if fallback is None:
+                break
+            t = fallback
+        pos += len(raw)
+        text = raw.rstrip(b"\r\n").decode("utf-8", "replace")
+        m = TORCHRUN_PREFIX.match(text)
+        times.append(round(t, 3))
+        ranks.append(labels.label(int(m.group(1))) if m else None)
+        texts.append(text[m.end():] if m else text)
+    if texts:
+        emit_event("log", times=_runs(times), labels=_runs(ranks), text="\n".join(texts))
+    return pos - start
+
+
+def _cut(data: bytes, full: bool, last: bool) -> int:
+    """How much of a block read from the log to send: whole lines, unless it is all there is on a
+    last pass (a last line without its newline), or a line longer than a block (cut there)."""
+    if last and not full:
+        return len(data)
+    return data.rfind(b"\n") + 1 or (len(data) if full else 0)
+
+
+def _send_pass(log: Path, offset: int, index: LogIndex, labels: RankLabels, last: bool) -> int:
+    """Send what the log holds from `offset` on, block by block; the offset reached. Until the
+    `last` pass, only whole lines whose time the index already has (where there is an index; an
+    older supervisor wrote none: then every line gets the log's modification time)."""
+    indexed = index.exists()
+    while True:
+        data = _read_from(log, offset, LOG_BLOCK)
+        full = len(data) == LOG_BLOCK
+        cut = _cut(data, full, last)
+        if not cut:
+            return offset
+        fallback = _mtime(log) if last or not indexed else None
+        sent = _emit_block(data[:cut], offset, index if indexed else None, labels, fallback)
+        offset += sent
+        if sent < cut or not full:
+            return offset
+
+
 def logs(request: Dict[str, Any], control: BinaryIO) -> Dict[str, Any]:
-    """Print a job's saved output on this host; with follow, keep printing until the job ends."""
+    """Send a job's saved output on this host, each line with its time and rank label ("log"
+    events); with follow, keep sending until the job ends."""
     state = _latest_state(request["job"])
     if state is None:
         return {"found": False, "exit_code": 1}
     path = Path(state["log"])
+    index = LogIndex(path.with_name("output.idx"))
+    labels = RankLabels(Path(state.get("state_dir") or path.parent) / "ranks")
     follow = bool(request.get("follow"))
     offset = 0
     while True:
         last = not follow or not _running(state)
-        chunk = _read_from(path, offset)
-        if not last:
-            chunk = chunk[: chunk.rfind(b"\n") + 1]  # only whole lines while it still writes
-        offset += len(chunk)
-        for line in chunk.splitlines():
-            write_line(line.decode("utf-8", "replace"))
+        offset = _send_pass(path, offset, index, labels, last)
         if last:
             break
         time.sleep(0.2)

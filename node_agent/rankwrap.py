@@ -106,7 +106,25 @@ def _user_frames(tb: Any) -> Any:
     return tb
 
 
+def _one_line_carets(exc: BaseException) -> None:
+    """Python 3.10-3.12's traceback module prints a SyntaxError that spans lines (a bracket closed
+    lines later: end_lineno > lineno) with a caret line of spaces only, its end column being on
+    another line; the interpreter's own report (and 3.13's module) underlines from the offset to
+    the end of the line shown. Make every such error in the chain end on its first line so."""
+    seen = set()
+    current: Optional[BaseException] = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        end_lineno = getattr(current, "end_lineno", None)
+        if isinstance(current, SyntaxError) and current.text and current.offset and \
+                end_lineno not in (None, current.lineno):
+            current.end_lineno = current.lineno
+            current.end_offset = max(len(current.text.rstrip("\n")) + 1, current.offset + 1)
+        current = current.__cause__ or current.__context__
+
+
 def _failed(exc: BaseException) -> None:
+    _one_line_carets(exc)  # after Python's own report: it is only ours that needs it
     lines = traceback.format_exception(type(exc), exc, _user_frames(exc.__traceback__))
     record("error", type=type(exc).__name__, message=str(exc), traceback="".join(lines))
 

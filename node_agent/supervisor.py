@@ -193,8 +193,9 @@ class Supervisor:
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         if self.wrap:
             self.write_wrapper()
-        self.log = open(str(self.log_path), "ab", buffering=0)
-        self.index = open(str(self.dir / "output.idx"), "ab", buffering=0)
+        # both closed by run() once torchrun and its output's readers are done (append() from two threads)
+        self.log = open(str(self.log_path), "ab", buffering=0)  # noqa: SIM115
+        self.index = open(str(self.dir / "output.idx"), "ab", buffering=0)  # noqa: SIM115
         self.log_end = os.fstat(self.log.fileno()).st_size
         self.proc = subprocess.Popen(
             self.argv(), cwd=self.request.get("cwd") or None, env=self.env(),
@@ -365,6 +366,7 @@ class Supervisor:
     def run(self, control: Optional[BinaryIO], sink: Optional[Sink] = None) -> Dict[str, Any]:
         """Run torchrun to its end. `control`: the session's control channel (None: detached, or a
         batch job's node); `sink`: where output and events go (None: nowhere, detached)."""
+        self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         listener = self.listen_attach() if control is not None else None
         self.start()
         assert self.proc is not None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
@@ -14,7 +14,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from inventory import Inventory, load_job
+from inventory import ConfigError, Inventory, load_job
 from inventory.slurm import SlurmSpec
 from orchestrator.commands.common import (
     AcceptNewOpt,
@@ -33,7 +33,15 @@ from orchestrator.commands.common import (
 )
 from orchestrator.errors import HostError
 from orchestrator.hostops import slurm_jobs
-from orchestrator.hostops.jobs import JobAbsent, down_absent, job_logs, logs_absent, running_jobs, stop_job
+from orchestrator.hostops.jobs import (
+    JobAbsent,
+    LogLine,
+    down_absent,
+    job_logs,
+    logs_absent,
+    running_jobs,
+    stop_job,
+)
 from orchestrator.remote.pool import make_pool
 from orchestrator.remote.slurm import ACTIVE_STATES, QueuedJob, SlurmClient, slurm_client
 
@@ -52,6 +60,14 @@ class SlurmSide:
     login: str | None
     inventory: Inventory
     spec: SlurmSpec
+
+
+def require_job_file(job: str) -> None:
+    """A job argument that reads as a path (`*.toml`, or with a `/`) must exist: it is not a job id."""
+    if (job.endswith(".toml") or "/" in job) and not Path(job).exists():
+        raise ConfigError(f"job file {job} does not exist",
+                          hint="give the job.toml the job was started from, or its job id: "
+                               "`ddpctl ps` lists running jobs and their ids")
 
 
 def slurm_side(job: str, backend: BackendChoice | None, login: str | None) -> SlurmSide | None:
@@ -88,9 +104,27 @@ def report_failures(failed: Mapping[str, HostError]) -> None:
         print_host_error(err)
 
 
+def print_error(message: str, fix: str | None) -> None:
+    """The usual `error:` line and, where known, its `fix:` line."""
+    err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False)
+    if fix:
+        err_console.print(f"  [bold]fix:[/] {escape(fix)}", highlight=False)
+
+
 def report_absent(absent: JobAbsent) -> None:
-    err_console.print(f"[bold red]error:[/] {escape(absent.message)}", highlight=False)
-    err_console.print(f"  [bold]fix:[/] {escape(absent.fix)}", highlight=False)
+    print_error(absent.message, absent.fix)
+
+
+def print_log_lines(lines: Sequence[LogLine]) -> None:
+    """`[host:rank] text` per line, the label coloured on a terminal; written straight to stdout
+    elsewhere (a job's log can be millions of lines)."""
+    if console.is_terminal:
+        for line in lines:
+            console.print(Text(f"[{line.label}] ", style="cyan") + Text(line.text), highlight=False)
+        return
+    out = console.file
+    out.write("".join(f"[{line.label}] {line.text}\n" for line in lines))
+    out.flush()
 
 
 @handle_errors
@@ -156,6 +190,7 @@ def down_command(
     parallel: ParallelOpt = 64,
 ) -> None:
     """Stop a job on every host, from any machine, and report what was killed."""
+    require_job_file(job)
     side = slurm_side(job, backend, login)
     if side is not None:
         with make_pool(ssh_config, known_hosts, accept_new_host_keys, parallel) as pool:
@@ -199,22 +234,24 @@ def logs_command(
     accept_new_host_keys: AcceptNewOpt = False,
     parallel: ParallelOpt = 64,
 ) -> None:
-    """Replay (or follow) every host's output of a job, prefixed by host."""
-    lock = threading.Lock()
-
-    def show(host: str, line: str) -> None:
-        with lock:
-            console.print(Text(f"[{host}] ", style="cyan") + Text(line), highlight=False)
-
+    """Replay (or follow) every host's output of a job: each line labelled with its host and rank,
+    the hosts' lines merged by time (with --follow: as they arrive)."""
+    require_job_file(job)
     side = slurm_side(job, backend, login)
     if side is not None:
+        lock = threading.Lock()
+
+        def show(host: str, line: str) -> None:  # Slurm's nodes: prefixed by node, as they come
+            with lock:
+                console.print(Text(f"[{host}] ", style="cyan") + Text(line), highlight=False)
+
         with make_pool(ssh_config, known_hosts, accept_new_host_keys, parallel) as pool:
             client = slurm_client(pool, side.login, side.inventory)
             slurm_jobs.logs(client, slurm_target(client, side), follow, show)
         raise typer.Exit(0)
     target, inv = resolve_target(job, inventory)
     with make_pool(ssh_config, known_hosts, accept_new_host_keys, parallel) as pool:
-        fan = job_logs(pool, inv.hosts, target, follow, show)
+        fan = job_logs(pool, inv.hosts, target, follow, print_log_lines)
     report_failures(fan.failed)
     absent = logs_absent(target, inv, fan)
     if absent is not None:

@@ -17,9 +17,20 @@ from orchestrator.commands.common import (
     console,
     handle_errors,
 )
-from orchestrator.commands.lifecycle import BackendOpt, JobArg, LoginOpt, resolve_target, slurm_side, slurm_target
+from orchestrator.commands.lifecycle import (
+    BackendOpt,
+    JobArg,
+    LoginOpt,
+    print_error,
+    report_absent,
+    require_job_file,
+    resolve_target,
+    slurm_side,
+    slurm_target,
+)
 from orchestrator.hostops import slurm_jobs
-from orchestrator.hostops.stacks import collect, report_json, report_text
+from orchestrator.hostops.jobs import JobAbsent
+from orchestrator.hostops.stacks import StacksReport, collect, groups_text, report_json, stacks_absent
 from orchestrator.remote.pool import make_pool
 from orchestrator.remote.slurm import slurm_client
 
@@ -38,7 +49,9 @@ def stacks_command(
     parallel: ParallelOpt = 64,
 ) -> None:
     """Dump the Python stack of every rank of a running job (py-spy), grouped."""
+    require_job_file(job)
     side = slurm_side(job, backend, login)
+    absent: JobAbsent | None = None
     with make_pool(ssh_config, known_hosts, accept_new_host_keys, parallel) as pool:
         if side is not None:
             client = slurm_client(pool, side.login, side.inventory)
@@ -46,9 +59,22 @@ def stacks_command(
         else:
             target, inv = resolve_target(job, inventory)
             report = collect(pool, inv.hosts, target)
+            absent = stacks_absent(report, inv)
     if as_json:
         console.print_json(json.dumps(report_json(report)))
     else:
-        for line in report_text(report, frames):
+        for line in groups_text(report, frames):
             console.print(line, markup=False, highlight=False)
+        report_errors(report)
+    if absent is not None:
+        report_absent(absent)
+    elif not report.groups and not report.host_errors:
+        print_error(f"job {report.job}: no rank of it is running on its nodes",
+                    "check the job id: `ddpctl ps --backend slurm` lists the running ones")
     raise typer.Exit(0 if report.groups and not report.host_errors else 1)
+
+
+def report_errors(report: StacksReport) -> None:
+    """Each host that gave no stacks (unreachable, py-spy missing, ...): what and the fix."""
+    for host, message in report.host_errors.items():
+        print_error(f"{host}: {message}", report.host_fixes.get(host))

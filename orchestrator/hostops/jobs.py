@@ -1,14 +1,22 @@
-"""`ps`, `down` and `logs` on every host: jobs found through each host's run state."""
+"""`ps`, `down` and `logs` on every host: jobs found through each host's run state; `logs` merges
+the hosts' output by the time each line was written."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+import functools
+import heapq
+import queue
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from inventory import Host, Inventory
-from orchestrator.remote.agent import AgentResult, call_agent, start_agent
+from orchestrator.errors import HostError, HostErrorKind
+from orchestrator.remote.agent import AgentEvent, AgentResult, agent_failed, call_agent, no_result, start_agent
 from orchestrator.remote.pool import FanOut, HostPool
 from orchestrator.remote.transport import OutputLine, Transport
 from orchestrator.remote.wire import LogsFound, RunningJob, StoppedJob, parse_down, parse_logs, parse_ps
@@ -16,6 +24,26 @@ from orchestrator.remote.wire import LogsFound, RunningJob, StoppedJob, parse_do
 LineSink = Callable[[str, str], None]  # (host, line)
 T = TypeVar("T")
 SHOWN_HOSTS = 5
+PRINT_BATCH = 4096  # merged lines handed to the sink at once
+QUEUED_BATCHES = 8  # a host's batches (log events) waiting for the merge, where every host has a thread
+
+
+@dataclass(frozen=True, slots=True)
+class LogLine:
+    """One line of a job's output as `logs` shows it."""
+
+    time: float  # when the host's node supervisor had written it (that host's clock)
+    host: str
+    rank: str | None  # the global rank ("local<N>" where unknown); None: torchrun's own line
+    text: str
+
+    @property
+    def label(self) -> str:
+        """`node0:3`, or `node0` for torchrun's own lines: as `ddpctl up` labels them."""
+        return self.host if self.rank is None else f"{self.host}:{self.rank}"
+
+
+LogSink = Callable[[Sequence[LogLine]], None]  # a batch of lines, in the order to show them
 
 
 @dataclass(frozen=True)
@@ -75,19 +103,139 @@ def stop_job(pool: HostPool, hosts: Sequence[Host], job: str, grace: float) -> F
                                                            timeout=grace + 60).result))
 
 
-def job_logs(pool: HostPool, hosts: Sequence[Host], job: str, follow: bool, sink: LineSink) -> FanOut[LogsFound]:
-    """Replay (or follow until the job ends) every host's output of `job` into `sink`."""
+def _expand(runs: Any, what: str) -> list[Any]:
+    """[[2, a], [1, b]] -> [a, a, b]."""
+    if not isinstance(runs, list):
+        raise ValueError(f"{what} is not a list")
+    out: list[Any] = []
+    for count, value in runs:
+        out += [value] * int(count)
+    return out
 
-    def stream(transport: Transport) -> LogsFound:
-        agent = start_agent(transport, "logs", {"job": job, "follow": follow})
-        agent.close_stdin()
-        found = LogsFound(False, None, None, False)
+
+def decode_log_event(host: str, fields: Mapping[str, Any]) -> list[LogLine]:
+    """The lines of one `log` event of the node agent's logs op: its lines' text joined by newlines,
+    their times and rank labels run-length encoded ([[count, value], ...])."""
+    try:
+        texts = str(fields["text"]).split("\n")
+        times = _expand(fields["times"], "times")
+        ranks = _expand(fields["labels"], "labels")
+        if not len(texts) == len(times) == len(ranks):
+            raise ValueError(f"{len(texts)} lines, {len(times)} times, {len(ranks)} labels")
+        return [LogLine(float(t), host, None if r is None else str(r), text)
+                for t, r, text in zip(times, ranks, texts, strict=True)]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise HostError(host, HostErrorKind.PROTOCOL, f"the node agent sent a malformed log event: {exc}",
+                        "this is a ddpctl bug") from None
+
+
+def merge_logs(streams: Sequence[Iterable[LogLine]]) -> Iterator[LogLine]:
+    """The hosts' lines in one stream by time. Stable: equal times keep the streams' order, and each
+    stream's own order is always kept (a host whose clock stepped back is not reordered)."""
+    return heapq.merge(*streams, key=lambda line: line.time)
+
+
+def _batched(lines: Iterator[LogLine], size: int) -> Iterator[list[LogLine]]:
+    while batch := list(islice(lines, size)):
+        yield batch
+
+
+def _host_logs(transport: Transport, job: str, follow: bool, put: Callable[[list[LogLine]], None]) -> LogsFound:
+    """One host's logs op: every batch of its lines to `put`, in its order; what it found."""
+    host = transport.host.name
+    agent = start_agent(transport, "logs", {"job": job, "follow": follow})
+    agent.close_stdin()
+    found: LogsFound | None = None
+    last = 0.0  # the time of this host's last line: where a stray line (agent stderr) goes
+    try:
         for message in agent.messages():
-            if isinstance(message, OutputLine):
-                sink(transport.host.name, message.text)
+            if isinstance(message, AgentEvent) and message.name == "log":
+                batch = decode_log_event(host, message.fields)
+                last = batch[-1].time
+                put(batch)
+            elif isinstance(message, OutputLine):
+                put([LogLine(last, host, None, message.text)])
             elif isinstance(message, AgentResult):
+                if message.error is not None:
+                    raise agent_failed(host, message.error)
                 found = parse_logs(message.data)
-        agent.wait()
-        return found
+    except BaseException:
+        agent.abort()
+        raise
+    code = agent.wait()
+    if found is None:
+        raise no_result(host, f"(exit {code}) {' | '.join(agent.other[-5:])}")
+    return found
 
-    return pool.map(hosts, stream)
+
+class _Abandoned(Exception):
+    """The merge stopped reading (it failed, or Ctrl-C): the hosts' threads stop sending."""
+
+
+class _Streams:
+    """Each host's batches of lines on their way from its thread to the merge, in its order."""
+
+    def __init__(self, hosts: Sequence[Host], size: int) -> None:
+        self.end_mark: list[LogLine] = []  # a host's end of stream (this very list)
+        self.queues: dict[str, queue.Queue[list[LogLine]]] = {h.name: queue.Queue(size) for h in hosts}
+        self.abandoned = threading.Event()
+
+    def put(self, host: str, batch: list[LogLine]) -> None:
+        while not self.abandoned.is_set():
+            with contextlib.suppress(queue.Full):
+                self.queues[host].put(batch, timeout=0.2)
+                return
+        raise _Abandoned
+
+    def end(self, host: str) -> None:
+        with contextlib.suppress(_Abandoned):
+            self.put(host, self.end_mark)
+
+    def lines(self, host: str) -> Iterator[LogLine]:
+        while (batch := self.queues[host].get()) is not self.end_mark:
+            yield from batch
+
+
+def job_logs(pool: HostPool, hosts: Sequence[Host], job: str, follow: bool, sink: LogSink) -> FanOut[LogsFound]:
+    """Replay every host's output of `job` into `sink`, merged by time (see merge_logs); with
+    follow, until the job ends, each host's lines as they arrive."""
+    if follow:
+        lock = threading.Lock()
+
+        def show(batch: list[LogLine]) -> None:
+            with lock:
+                sink(batch)
+
+        return pool.map(hosts, lambda t: _host_logs(t, job, True, show))
+    # Bounded while every host streams at once (the merge waits only on a host that sends), so a
+    # host ahead of the others waits with its log on its node; else the merge could wait for a
+    # host that waits for a thread held by one whose queue is full.
+    streams = _Streams(hosts, QUEUED_BATCHES if len(hosts) <= pool.max_parallel else 0)
+    outcome: list[FanOut[LogsFound] | BaseException] = []
+
+    def one(transport: Transport) -> LogsFound:
+        try:
+            return _host_logs(transport, job, False, functools.partial(streams.put, transport.host.name))
+        finally:
+            streams.end(transport.host.name)
+
+    def fan_out() -> None:
+        try:
+            outcome.append(pool.map(hosts, one))
+        except BaseException as exc:  # raised again in the caller's thread
+            outcome.append(exc)
+        finally:
+            for host in hosts:  # a host that failed before its op started ends here
+                streams.end(host.name)
+
+    worker = threading.Thread(target=fan_out, name="ddpctl-logs", daemon=True)
+    worker.start()
+    try:
+        for batch in _batched(merge_logs([streams.lines(h.name) for h in hosts]), PRINT_BATCH):
+            sink(batch)
+    finally:
+        streams.abandoned.set()  # all read already, or no one reads any more
+    worker.join()
+    if isinstance(outcome[0], BaseException):
+        raise outcome[0]
+    return outcome[0]

@@ -6,7 +6,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from inventory import Host
+from inventory import Host, Inventory
+from orchestrator.hostops.jobs import JobAbsent
 from orchestrator.remote.agent import call_agent
 from orchestrator.remote.pool import FanOut, HostPool
 
@@ -72,6 +73,8 @@ class StacksReport:
     job: str
     groups: list[StackGroup] = field(default_factory=list)
     host_errors: dict[str, str] = field(default_factory=dict)  # host -> why it gave no stacks
+    host_fixes: dict[str, str] = field(default_factory=dict)  # host -> what to do about its error
+    answered: tuple[str, ...] = ()  # the hosts whose agent answered (a failed one is in host_errors)
 
 
 def format_ranges(numbers: Iterable[int]) -> str:
@@ -122,22 +125,34 @@ def collapse(stacks: Iterable[RankStack]) -> list[StackGroup]:
 def collect(pool: HostPool, hosts: Sequence[Host], job: str) -> StacksReport:
     fan: FanOut[Mapping[str, Any]] = pool.map(
         hosts, lambda t: call_agent(t, "stacks", {"job": job, "python": t.host.python}, timeout=90).result)
-    return assemble(job, fan.succeeded, {host: err.message for host, err in fan.failed.items()})
+    return assemble(job, fan.succeeded, {host: err.message for host, err in fan.failed.items()},
+                    {host: err.fix for host, err in fan.failed.items() if err.fix})
 
 
-def assemble(job: str, results: Mapping[str, Mapping[str, Any]], failed: Mapping[str, str]) -> StacksReport:
-    """The stacks op's result per host (however it was run there) as one collapsed report."""
-    report = StacksReport(job)
+def assemble(job: str, results: Mapping[str, Mapping[str, Any]], failed: Mapping[str, str],
+             fixes: Mapping[str, str] | None = None) -> StacksReport:
+    """The stacks op's result per host (however it was run there) as one collapsed report;
+    `failed`: the hosts that gave no result, and why (`fixes`: what to do about it)."""
+    report = StacksReport(job, answered=tuple(results))
     all_stacks: list[RankStack] = []
     for host, result in results.items():
-        if result.get("error") and not result.get("ranks"):
+        if result.get("error") and (not result.get("ranks") or result.get("py_spy") is None):
             report.host_errors[host] = str(result["error"])
-        if result.get("py_spy") is None and result.get("ranks"):
-            report.host_errors[host] = f"{result.get('error')} (fix: {result.get('fix')})"
+            if result.get("fix"):
+                report.host_fixes[host] = str(result["fix"])
         all_stacks += parse_host(host, result)
     report.host_errors.update(failed)
+    report.host_fixes.update(fixes or {})
     report.groups = collapse(all_stacks)
     return report
+
+
+def stacks_absent(report: StacksReport, inventory: Inventory) -> JobAbsent | None:
+    """No host that answered runs a rank of the job (the ones that failed report themselves)."""
+    if report.groups or not report.answered:
+        return None
+    answered = tuple(h.name for h in inventory.hosts if h.name in report.answered)
+    return JobAbsent(report.job, "a rank of it running", answered, len(inventory.hosts), inventory.source)
 
 
 def report_json(report: StacksReport) -> dict[str, Any]:
@@ -149,18 +164,28 @@ def report_json(report: StacksReport) -> dict[str, Any]:
                     "error": g.error,
                     "frames": [{"name": f.name, "file": f.file, "line": f.line} for f in g.frames]}
                    for g in report.groups],
-        "host_errors": report.host_errors,
+        "host_errors": {host: host_error_text(report, host) for host in report.host_errors},
     }
 
 
-def report_text(report: StacksReport, frames: int = 8) -> list[str]:
+def groups_text(report: StacksReport, frames: int = 8) -> list[str]:
+    """The stack groups, each with its innermost `frames` frames."""
     lines = []
-    if not report.groups:
-        lines.append(f"no running rank of {report.job} found")
     for g in report.groups:
         lines.append(f"{g.label()}: {g.summary()}")
         for f in g.frames[:frames]:
             lines.append(f"    {f.name} ({f.where()})")
-    for host, err in report.host_errors.items():
-        lines.append(f"{host}: {err}")
+    return lines
+
+
+def host_error_text(report: StacksReport, host: str) -> str:
+    fix = report.host_fixes.get(host)
+    return f"{report.host_errors[host]} (fix: {fix})" if fix else report.host_errors[host]
+
+
+def report_text(report: StacksReport, frames: int = 8) -> list[str]:
+    """The whole report as lines of text (the groups, then each host's error)."""
+    lines = [] if report.groups else [f"no running rank of {report.job} found"]
+    lines += groups_text(report, frames)
+    lines += [f"{host}: {host_error_text(report, host)}" for host in report.host_errors]
     return lines

@@ -307,7 +307,7 @@ class Supervision:
             run.state = HostState.FAILED
         self.cb.on_state(run)
         if code != 0 and not self.stop_sent:
-            self._fail(run, f"exit code {code}")
+            self._fail(run, f"exit code {code}" + (f": {run.stop_reason}" if run.stop_reason else ""))
 
     def _reattached(self, run: HostRun) -> None:
         link = self.links[run.host]
@@ -338,7 +338,7 @@ class Supervision:
                                   f"{self.limits.lost_after:.0f}s)")
                 self.backend.reattach(name)
             elif state is LinkState.CONNECTED:
-                self.cb.on_notice(f"{name} back after {time.time() - link.since:.0f}s (the same connection)")
+                self.cb.on_notice(f"{name} back after {time.time() - link.since:.0f}s")
                 link.enter(LinkState.CONNECTED)
             elif state is LinkState.LOST:
                 since = time.strftime("%H:%M:%S", time.localtime(time.time() - quiet))

@@ -150,6 +150,7 @@ class SshTransport:
         self._lock = threading.Lock()
         self._used = False  # a command (or close) has asked for the connection: no opening ahead
         self._ahead_error: Exception | None = None  # connect_ahead's failure, for the first use
+        self._stale: list[fabric.Connection] = []  # replaced by reconnect(), closed at the next
 
     def connection(self) -> fabric.Connection:
         with self._lock:
@@ -230,15 +231,19 @@ class SshTransport:
                              "\n".join(err) + ("\n" if err else ""), time.monotonic() - started)
 
     def reconnect(self) -> None:
-        """Forget the connection (it may be stuck: its TCP backoff grown over an outage) and open
-        a fresh one now; the old one is closed in the background, never waited on. Raises the
-        new connection's HostError."""
+        """Open a fresh connection for the commands to come (the current one may be stuck: its
+        TCP backoff grown over an outage). The old one stays open, so its sessions end only
+        when their user drops them; it is closed at the next reconnect or at close(), in the
+        background, never waited on. Raises the new connection's HostError."""
+        fresh = self._open_connection()
         with self._lock:
             self._used = True
-            old, self._conn = self._conn, None
-        if old is not None:
-            threading.Thread(target=old.close, daemon=True).start()
-        self.connection()
+            stale, self._stale = self._stale, []
+            if self._conn is not None:
+                self._stale.append(self._conn)
+            self._conn = fresh
+        for conn in stale:
+            threading.Thread(target=conn.close, daemon=True).start()
 
     def close(self) -> None:
         with self._lock:
@@ -249,6 +254,9 @@ class SshTransport:
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None
+            stale, self._stale = self._stale, []
+        for conn in stale:
+            threading.Thread(target=conn.close, daemon=True).start()
 
 
 def _collect(running: SshRunning, out: list[str], err: list[str]) -> None:

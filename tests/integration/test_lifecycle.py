@@ -44,8 +44,10 @@ def test_detached_job_is_listed_logged_and_stopped(tmp_path: Path, state_root: P
         wait_for(lambda: "epoch=" in run_ddpctl("logs", job_id).stdout, 120, "logs to show training")
         logs = run_ddpctl("logs", job_id)
         assert logs.returncode == 0
-        assert all(line.startswith("[localhost] ") for line in logs.stdout.splitlines() if line.strip())
-        assert "[localhost] [default0]:epoch=0 " in logs.stdout  # replayed from the start
+        lines = [line for line in logs.stdout.splitlines() if line.strip()]
+        assert all(line.startswith(("[localhost] ", "[localhost:")) for line in lines)
+        assert "[localhost:0] epoch=0 " in logs.stdout  # replayed from the start, labelled by global rank
+        assert "[default0]:" not in logs.stdout
         down = run_ddpctl("down", job_id, "--grace", "3")
         assert down.returncode == 0, down.stderr
         assert f"localhost: stopped {job_id}" in down.stdout

@@ -72,6 +72,25 @@ def test_sys_exit(tmp_path: Path, body: str, code: int, recorded: str | None) ->
     assert (records.get("1.error") or {}).get("message") == recorded
 
 
+@pytest.mark.parametrize(("source", "shown", "carets"), [
+    ("x = 1\nprint 'hi'\n", "print 'hi'", "^^^^^^^^^^"),  # on one line
+    ("d = {\n 'a': 1\n 'b': 2}\n", "'a': 1", "     ^"),  # spans lines: the comma missing after 1
+    ("x = (a +\n   b) = 3\n", "x = (a +", "     ^^^"),  # spans lines: an assignment to (a + b)
+])
+def test_a_syntax_errors_caret_line_is_recorded_as_python_prints_it(tmp_path: Path, source: str, shown: str,
+                                                                    carets: str) -> None:
+    script = tmp_path / "bad.py"
+    script.write_text(source)
+    out, records = run(tmp_path, str(script))
+    assert out.returncode == 1
+    err = records["1.error"]
+    assert err["type"] == "SyntaxError"
+    lines = err["traceback"].splitlines()
+    at = lines.index(f"    {shown}")
+    assert lines[at + 1] == f"    {carets}", err["traceback"]  # 3.10-3.12's traceback module: blank
+    assert f"\n    {shown}\n    {carets}\n" in out.stderr  # as Python's own report shows it
+
+
 def test_a_missing_script_reads_as_python_says_it(tmp_path: Path) -> None:
     out, records = run(tmp_path, "nope.py")
     assert out.returncode == 2

@@ -73,3 +73,41 @@ def test_report_text_names_files_and_lines() -> None:
     assert "rank 0 on n0: all_reduce in train.py:42" in text
     assert "train (train.py:42)" in text
     assert "n1: py-spy missing" in text
+
+
+def test_a_host_without_py_spy_keeps_its_error_and_fix_apart_and_reports_show_both() -> None:
+    from orchestrator.hostops.stacks import assemble, groups_text, report_json
+
+    reply = {"ranks": [{"rank": 0, "local_rank": 0, "pid": 5}], "py_spy": None,
+             "error": "py-spy is not installed on this host", "fix": "pip install py-spy"}
+    report = assemble("job", {"n0": reply, "n1": {"ranks": [], "py_spy": None}}, {"n2": "unreachable"},
+                      {"n2": "check the network"})
+    assert report.host_errors == {"n0": "py-spy is not installed on this host", "n2": "unreachable"}
+    assert report.host_fixes == {"n0": "pip install py-spy", "n2": "check the network"}
+    assert report.answered == ("n0", "n1")
+    assert groups_text(report) == ["rank 0 on n0: no stack: py-spy is not installed on this host"]
+    assert report_text(report)[-2:] == ["n0: py-spy is not installed on this host (fix: pip install py-spy)",
+                                        "n2: unreachable (fix: check the network)"]
+    assert report_json(report)["host_errors"]["n0"] == "py-spy is not installed on this host (fix: pip install py-spy)"
+
+
+@pytest.mark.parametrize(("answers", "failed", "absent"), [
+    ({"n0": {"ranks": []}, "n1": {"ranks": []}}, {},
+     "job job: no host has a rank of it running (checked 2 hosts: n0, n1)"),
+    ({"n1": {"ranks": []}}, {"n0": "refused"},
+     "job job: no host has a rank of it running (checked 1 of 2 hosts: n1; the others failed)"),
+    ({}, {"n0": "refused", "n1": "refused"}, None),  # each failure says so itself
+    ({"n0": {"ranks": [{"rank": 0, "pid": 1, "threads": []}]}, "n1": {"ranks": []}}, {}, None),
+])
+def test_a_job_no_answering_host_runs_is_absent(answers: dict[str, dict[str, object]], failed: dict[str, str],
+                                               absent: str | None) -> None:
+    from pathlib import Path
+
+    from inventory import Host, Inventory
+    from orchestrator.hostops.stacks import assemble, stacks_absent
+
+    inventory = Inventory(hosts=(Host("n0", "198.18.0.10"), Host("n1", "198.18.0.11")), source=Path("hosts.toml"))
+    found = stacks_absent(assemble("job", answers, failed), inventory)
+    assert (found.message if found else None) == absent
+    if found:
+        assert found.fix == "check the job id: `ddpctl ps -i hosts.toml` lists running jobs and their ids"

@@ -56,6 +56,7 @@ class HostLink:
     generation: int = 0
     stream: AgentStream | None = None
     committed: int = 0  # the node's log offset after the last batch handed on
+    superseded: list[AgentStream] = field(default_factory=list)  # replaced, dropped once `attached`
     reattaching: bool = False
     dropped: bool = False
 
@@ -156,11 +157,13 @@ class SshBackend:
         self._follow(link, 0, stream, batches, emit)
 
     def _attach(self, link: HostLink, generation: int, stream: AgentStream) -> None:
-        """`stream` is the link's now: heartbeats go to it, and a stop word asked meanwhile."""
+        """`stream` is the link's now: heartbeats go to it, and a stop word asked meanwhile. The
+        session it replaces is dropped once the node says the new one has taken over (`attached`):
+        dropped earlier, its close could reach the node first and read as our going away."""
         with link.lock:
             old, link.stream = link.stream, stream
-        if old is not None and old is not stream:
-            threading.Thread(target=old.abort, daemon=True).start()
+            if old is not None and old is not stream:
+                link.superseded.append(old)
         with self.lock:
             word = self.stopping.get(link.name)
         if word is not None:  # stopped while it was connecting
@@ -195,6 +198,10 @@ class SshBackend:
                     pending = []
                 elif message.name == "attached":
                     if generation:
+                        with link.lock:
+                            old, link.superseded = link.superseded, []
+                        for stale in old:
+                            threading.Thread(target=stale.abort, daemon=True).start()
                         emit(Reattached(name))
                 elif message.name == "heartbeat":
                     emit(Alive(name, message.get("heard_s")))
