@@ -21,6 +21,7 @@ grace period; the record goes to the control plane, which stops the other hosts 
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import importlib
 import json
@@ -33,6 +34,7 @@ import tempfile
 import threading
 import time
 
+from node_agent.lines import whole_lines
 from node_agent.nccl_log import parse_files
 from node_agent.protocol import emit_event
 from node_agent.ranklogs import RankLogs
@@ -239,19 +241,8 @@ class Supervisor:
     def pump_output(self) -> None:
         """torchrun's own output (its ranks' is in their files: follow_ranks), whole lines at a time."""
         assert self.proc is not None and self.proc.stdout is not None
-        fd = self.proc.stdout.fileno()
-        partial = b""
-        while True:
-            data = os.read(fd, READ_CHUNK)
-            if not data:
-                break
-            data = partial + data
-            cut = data.rfind(b"\n") + 1
-            partial = data[cut:]
-            if cut:
-                self.append(data[:cut])
-        if partial:
-            self.append(partial + b"\n")
+        for data in whole_lines(functools.partial(os.read, self.proc.stdout.fileno(), READ_CHUNK)):
+            self.append(data)
 
     def follow_ranks(self) -> None:
         """Each rank's output from the files torchrun writes it to (node_agent/ranklogs.py), until

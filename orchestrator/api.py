@@ -59,20 +59,23 @@ def up(job: JobSpec, *, nproc_per_node: NprocSpec | None = None, master_port: in
        runs_dir: str | Path = "runs", grace: float = 10.0,
        hang_timeout: float | None = None, on_hang: OnHang = "report", free_port: bool = False,
        nccl_debug: bool = False, checks: bool = True, join_timeout: float | None = None,
-       sync: bool = True, ssh_config: str | Path | None = None, known_hosts: Sequence[str | Path] = (),
+       lost_after: float | None = None, sync: bool = True, ssh_config: str | Path | None = None,
+       known_hosts: Sequence[str | Path] = (),
        accept_new_host_keys: bool = False, parallel: int = DEFAULT_PARALLEL,
        connect_timeout: float = 10.0) -> RunResult:
     """Run the job on its hosts to the end and return its RunResult (exit code, per-host state,
     the first failing rank's exception as `root_cause`, the watchdog's diagnosis as `cause`).
     Output goes to `observer` (default: printed as `[host:rank] line`); `launch.observer.Collected`
     keeps it instead. A pre-launch check that fails raises `launch.preflight.ChecksFailed` with
-    doctor's findings (`checks=False` skips them); `join_timeout` overrides the job file's. With
-    [sync], the source goes to every host first (`sync=False` skips it)."""
+    doctor's findings (`checks=False` skips them); `join_timeout` and `lost_after` (seconds a silent
+    host may stay out of reach: README's fault model) override the job file's. With [sync], the
+    source goes to every host first (`sync=False` skips it). The result's `loss` names a host that
+    was lost, where that is the cause."""
     spec = load(job, nproc_per_node=nproc_per_node, master_port=master_port, env=env, hosts=hosts,
                 backend=backend)
     options = LaunchOptions(grace=grace, hang_timeout=hang_timeout, on_hang=on_hang, nccl_debug=nccl_debug,
                             free_port=free_port, runs_dir=Path(runs_dir), checks=checks, join_timeout=join_timeout,
-                            sync=sync)
+                            lost_after=lost_after, sync=sync)
     with _backend(spec, ssh_config, known_hosts, accept_new_host_keys, parallel, connect_timeout) as runner:
         return core.launch(spec, runner, observer or Plain(), options)
 

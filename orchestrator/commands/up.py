@@ -131,9 +131,13 @@ class Printer:
                 sys.stdout.write("".join(f"{prefixes[rank]}{text}\n" for rank, text in lines))
                 sys.stdout.flush()
                 return
-            styled = {rank: Text(prefix, style=self.colour[host]) for rank, prefix in prefixes.items()}
+            batch = Text()
+            style = self.colour[host]
             for rank, text in lines:
-                console.print(styled[rank] + Text(text), markup=False, highlight=False)
+                batch.append(prefixes[rank], style=style)
+                batch.append(text + "\n")
+            batch.rstrip()
+            console.print(batch, markup=False, highlight=False, soft_wrap=True)
         except OSError:  # the terminal is gone (SIGHUP): the job's own log keeps every line
             self.gone = True
 

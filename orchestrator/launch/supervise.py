@@ -150,12 +150,15 @@ class Supervision:
         self.links = {name: Link(name) for name in self.runs}
         self.heard: dict[str, float] = {}  # host -> time.monotonic() it was last heard from
         self.waiting: dict[str, int] = {}  # host -> its readers held up by our own backlog
+        self.counting = threading.Lock()  # a re-attached host's old and new reader may both wait
         self.deaf: dict[str, float] = {}  # host -> seconds it says it has not heard us
         self.last_output = time.monotonic()
         self.logs: dict[str, IO[str]] = {}
         self.first_failure: HostRun | None = None
         self.losses: list[HostLoss] = []
         self.stop_sent = False
+        self.stopped_by_consequence = False  # the stop came from a rank that lost a peer: a loss
+        # found after it may still be its cause
         self.hang_dumped = False
         self.hung = False
         self.c10d = plan.job.rendezvous.backend == "c10d" or plan.job.slurm is not None
@@ -175,11 +178,13 @@ class Supervision:
         if isinstance(event, Alive) and event.heard_s is not None:
             self.deaf[host] = float(event.heard_s)
         if isinstance(event, Output):
-            self.waiting[host] = self.waiting.get(host, 0) + 1
+            with self.counting:
+                self.waiting[host] = self.waiting.get(host, 0) + 1
             try:
                 self.lanes.put(event)
             finally:
-                self.waiting[host] -= 1
+                with self.counting:
+                    self.waiting[host] -= 1
                 self.heard[host] = time.monotonic()
         else:
             self.lanes.put(event)
@@ -194,11 +199,12 @@ class Supervision:
             self.cb.on_state(self.runs[name])
         self.backend.stop(running, force)
 
-    def _fail(self, run: HostRun, why: str) -> None:
+    def _fail(self, run: HostRun, why: str, what: str = "failed", consequence: bool = False) -> None:
         if self.first_failure is None:
             self.first_failure = run
             if not self.stop_sent:
-                self.stop_all(False, f"{run.host} failed ({why}); stopping the job on every host")
+                self.stopped_by_consequence = consequence
+                self.stop_all(False, f"{run.host} {what} ({why}); stopping the job on every host")
 
     # -- events -----------------------------------------------------------------------------
     def handle(self, event: BackendEvent) -> None:
@@ -230,7 +236,9 @@ class Supervision:
 
     def _output(self, run: HostRun, lines: Sequence[str]) -> None:
         self.last_output = time.monotonic()
-        self.logs[run.host].write("\n".join(lines) + "\n")
+        log = self.logs[run.host]
+        log.write("\n".join(lines) + "\n")
+        log.flush()  # a batch at a time: the file is current even if `up` is killed
         run.tail = [*run.tail, *lines[-30:]][-30:]
         self.cb.on_lines(run.host, split_ranks(self.plan.hosts[run.node_rank], lines, self.c10d, self.global_ranks))
 
@@ -241,11 +249,12 @@ class Supervision:
             self.rendezvous.saw(event.host, event.phase)
         if event.phase.error is not None:
             failure = self._rank_failed(run, event.phase.error)
-            if failure is not None and failure.consequence:
+            consequence = failure is not None and failure.consequence
+            if failure is not None and consequence:
                 self._blame_silent(failure)
             # fail fast: the other hosts are told now, not when this one's torchrun has exited
             rank = event.phase.rank if event.phase.rank is not None else f"local {event.phase.local_rank}"
-            self._fail(run, f"rank {rank} raised {event.phase.error.kind or 'an error'}")
+            self._fail(run, f"rank {rank} raised {event.phase.error.kind or 'an error'}", consequence=consequence)
 
     def _reported(self, run: HostRun, event: Reported) -> None:
         result = event.result
@@ -279,8 +288,13 @@ class Supervision:
                             f"{failure.host} lost their connections to it: host down or network cut")
 
     def _lose(self, run: HostRun, why: str) -> None:
+        """A loss is the cause unless the job was stopped already for another reason (a failure
+        that is not a lost peer, Ctrl-C, a signal, a hang): hosts lost while it stops are news,
+        not the cause."""
+        if self.stop_sent and not self.stopped_by_consequence:
+            return
         self.losses.append(HostLoss(run.host, why, time.time()))
-        self._fail(run, why)
+        self._fail(run, why, "lost")
 
     def _mark_lost(self, run: HostRun, why: str) -> None:
         if run.done:
@@ -310,6 +324,8 @@ class Supervision:
             self._fail(run, f"exit code {code}" + (f": {run.stop_reason}" if run.stop_reason else ""))
 
     def _reattached(self, run: HostRun) -> None:
+        if run.done:
+            return  # lost (or over) already: a late re-attach changes nothing
         link = self.links[run.host]
         if link.state is LinkState.SILENT:
             started = link.since
@@ -391,7 +407,10 @@ class Supervision:
         stops: list[int] = []
         try:
             with stop_signals_raise():
-                self.backend.start(self.plan, self.options, self.emit)
+                try:
+                    self.backend.start(self.plan, self.options, self.emit)
+                except KeyboardInterrupt as exc:  # a signal while the hosts start: stop what started
+                    self._interrupted(exc, stops)
                 self._loop(stops)
         finally:
             with interrupts_ignored():  # the job is over: a late Ctrl-C must not lose its summary
@@ -442,8 +461,8 @@ class Supervision:
         root = root_cause(self.failures) if not ok else None
         loss = self.losses[0] if self.losses and not ok else None
         if loss is not None and root is not None and not root.consequence and \
-                (root.error.timestamp or float("inf")) < loss.at:
-            loss = None  # a rank's own error came first: the loss followed from it
+                (root.error.timestamp is None or root.error.timestamp < loss.at):
+            loss = None  # a rank's own error came first (or may have): the loss followed from it
         first = self.runs[loss.host] if loss is not None else \
             self.runs[root.host] if root is not None else self.first_failure
         result = RunResult(self.plan.job_id, self.run_dir, runs, code, first, interrupted,

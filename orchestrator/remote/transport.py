@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from inventory import Host
+from node_agent.lines import whole_lines
 from orchestrator.errors import HostError, HostErrorKind
 
 
@@ -101,23 +102,16 @@ class LineQueue:
         """`read()` returns what is available (b"" at EOF)."""
         self.open_readers += 1
 
-        def pump() -> None:
-            partial = b""
+        def read_or_end() -> bytes:
             try:
-                while True:
-                    try:
-                        data = read()
-                    except (OSError, EOFError, ValueError):
-                        data = b""
-                    if not data:
-                        break
-                    data = partial + data
-                    cut = data.rfind(b"\n") + 1
-                    partial = data[cut:]
-                    if cut:
-                        self.q.put((name, split_lines(data[:cut])))
-                if partial:
-                    self.q.put((name, split_lines(partial + b"\n")))
+                return read()
+            except (OSError, EOFError, ValueError):  # a closed channel or pipe: its end
+                return b""
+
+        def pump() -> None:
+            try:
+                for data in whole_lines(read_or_end):
+                    self.q.put((name, split_lines(data)))
             finally:
                 self.q.put(_EOF)
 

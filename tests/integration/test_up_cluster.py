@@ -17,11 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.launch.supervise import LOST_AFTER
 from tests.cluster import Cluster
 from tests.ddpctl_run import ddpctl_argv, no_job_processes, only_summary, run_ddpctl, ssh_args, wait_for, write_job
 
 pytestmark = pytest.mark.cluster
+
+LOST_AFTER = 10.0  # --lost-after: the test's own, short limit
 
 IDENTITY = re.compile(r"^\[(node\d):(\d)\]\s+rank=(\d) local_rank=(\d) world_size=(\d) node_rank=(\d) "
                       r"params_identical=True", re.MULTILINE)
@@ -79,7 +80,7 @@ def test_lost_host_is_noticed_while_another_host_keeps_printing(
     out_path = tmp_path / "chatty.out"
     with out_path.open("w") as out:
         proc = subprocess.Popen(ddpctl_argv("up", str(job), "--grace", "3", "--runs-dir", str(tmp_path / "runs"),
-                                            *ssh_args(cluster)),
+                                            "--lost-after", str(LOST_AFTER), *ssh_args(cluster)),
                                 stdout=out, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         wait_for(lambda: "tick rank=1 " in out_path.read_text() and "tick rank=0 " in out_path.read_text(),

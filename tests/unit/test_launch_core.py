@@ -66,6 +66,9 @@ class ScriptedBackend:
     def drop(self, host: str) -> None:
         self.dropped.append(host)
 
+    def reattach(self, host: str) -> None:
+        return None
+
     def close(self) -> None:
         self.closed = True
 
