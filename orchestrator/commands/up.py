@@ -7,7 +7,6 @@ import enum
 import shlex
 import signal
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated
 
@@ -38,6 +37,7 @@ from orchestrator.launch import core
 from orchestrator.launch.backends.choose import backend_for
 from orchestrator.launch.backends.slurm import SlurmBackend
 from orchestrator.launch.faults import DEFAULT_LOST_AFTER, MIN_LOST_AFTER
+from orchestrator.launch.labels import RankLines
 from orchestrator.launch.observer import plan_summary
 from orchestrator.launch.options import LaunchOptions, OnHang
 from orchestrator.launch.plan import LaunchPlan, mask_env
@@ -117,24 +117,27 @@ class Printer:
             text.append(f"● {run.state.value}{code} ", style=STATE_STYLE[run.state])
         return text
 
-    def on_lines(self, host: str, lines: Sequence[tuple[str | None, str]]) -> None:
+    def on_lines(self, host: str, lines: RankLines) -> None:
         """On a terminal, rich (a colour per host, under the live status line); elsewhere one
         plain write per batch: rich's per-line rendering would cost more than the ranks' printing."""
         if self.gone:
             return
         prefixes: dict[str | None, str] = {}
-        for rank, _text in lines:
+
+        def prefix(rank: str | None) -> str:
             if rank not in prefixes:
                 prefixes[rank] = (f"[{host}:{rank}]" if rank is not None else f"[{host}]").ljust(self.width + 6)
+            return prefixes[rank]
+
         try:
             if self.live is None and not console.is_terminal:
-                sys.stdout.write("".join(f"{prefixes[rank]}{text}\n" for rank, text in lines))
+                sys.stdout.write(lines.render(prefix))
                 sys.stdout.flush()
                 return
             batch = Text()
             style = self.colour[host]
             for rank, text in lines:
-                batch.append(prefixes[rank], style=style)
+                batch.append(prefix(rank), style=style)
                 batch.append(text + "\n")
             batch.rstrip()
             console.print(batch, markup=False, highlight=False, soft_wrap=True)

@@ -115,7 +115,7 @@ class Session:
                 raise HostError(self.host, HostErrorKind.TIMEOUT,
                                 f"the node agent sent no {name} in time",
                                 "check the host's load, or raise --timeout") from None
-            if isinstance(message, (str, OutputLine)):
+            if isinstance(message, (list, str, OutputLine)):
                 continue  # not the agent's: kept in running.other for error messages
             if isinstance(message, AgentResult):
                 if name == "result" and message.error is None:

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from orchestrator.launch.labels import RankLines
 from orchestrator.launch.plan import LaunchPlan
 from orchestrator.launch.result import HostRun, HostState
 from orchestrator.sync.core import HostSync, SyncEvent
@@ -18,8 +18,9 @@ class Observer(Protocol):
     def on_plan(self, plan: LaunchPlan, run_dir: Path) -> None:
         """The plan is settled (nproc and port resolved, stale port freed); the job starts now."""
 
-    def on_lines(self, host: str, lines: Sequence[tuple[str | None, str]]) -> None:
-        """A batch of one host's output lines, in order: (rank, text) each; rank None: torchrun's own."""
+    def on_lines(self, host: str, lines: RankLines) -> None:
+        """A batch of one host's output lines, in order: (rank, text) each; rank None: torchrun's own
+        (`lines.render` gives them prefixed as one string, fast)."""
 
     def on_state(self, run: HostRun) -> None:
         """A host changed state (connecting, running, stopping, exited, failed, lost)."""
@@ -44,7 +45,7 @@ class Collected:
     def on_plan(self, plan: LaunchPlan, run_dir: Path) -> None:
         self.plan = plan
 
-    def on_lines(self, host: str, lines: Sequence[tuple[str | None, str]]) -> None:
+    def on_lines(self, host: str, lines: RankLines) -> None:
         self.lines.extend((host, rank, text) for rank, text in lines)
 
     def on_state(self, run: HostRun) -> None:
@@ -64,8 +65,8 @@ class Plain:
     def on_plan(self, plan: LaunchPlan, run_dir: Path) -> None:
         print(f"ddpctl: {plan_summary(plan, run_dir)}", flush=True)
 
-    def on_lines(self, host: str, lines: Sequence[tuple[str | None, str]]) -> None:
-        sys.stdout.write(plain_lines(host, lines))
+    def on_lines(self, host: str, lines: RankLines) -> None:
+        sys.stdout.write(lines.render(lambda rank: f"[{host}:{rank}] " if rank is not None else f"[{host}] "))
         sys.stdout.flush()
 
     def on_state(self, run: HostRun) -> None:
@@ -79,13 +80,6 @@ class Plain:
         line = sync_line(event)
         if line is not None:
             print(f"ddpctl: {line}", flush=True)
-
-
-def plain_lines(host: str, lines: Sequence[tuple[str | None, str]]) -> str:
-    """`[host:rank] text` lines (`[host] text` for torchrun's own), as one string to write."""
-    bare, labelled = f"[{host}] ", f"[{host}:"
-    return "".join(f"{labelled}{rank}] {text}\n" if rank is not None else f"{bare}{text}\n"
-                   for rank, text in lines)
 
 
 def plan_summary(plan: LaunchPlan, run_dir: Path) -> str:

@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import contextlib
 import json
-import re
 import signal
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import IO
@@ -30,10 +29,11 @@ from orchestrator.launch.events import (
     Started,
 )
 from orchestrator.launch.faults import Link, LinkState, judge, limits_for
+from orchestrator.launch.labels import RankLines, labels_for
 from orchestrator.launch.lanes import Lanes
 from orchestrator.launch.observer import Observer
 from orchestrator.launch.options import LaunchOptions
-from orchestrator.launch.plan import HostLaunch, LaunchPlan
+from orchestrator.launch.plan import LaunchPlan
 from orchestrator.launch.result import (
     HostLoss,
     HostRun,
@@ -47,7 +47,6 @@ from orchestrator.launch.watchdog import RendezvousWatch
 from orchestrator.remote.wire import RankError
 
 CHECK_EVERY = 0.5  # how often silent hosts and hangs are looked for
-TORCHRUN_PREFIX = re.compile(r"^\[(?P<role>[A-Za-z_]*?)(?P<local>\d+)\]:$")
 STOP_SIGNALS = {signal.SIGTERM: "SIGTERM (e.g. `timeout`, a cancelled CI job or `kill`)",
                 signal.SIGHUP: "SIGHUP (the terminal closed)"}
 NODE_GAVE_UP = ("no heartbeat from the control plane", "control connection lost")
@@ -59,45 +58,6 @@ class StopSignal(KeyboardInterrupt):
     def __init__(self, signum: int) -> None:
         super().__init__(signum)
         self.signum = signum
-
-
-def split_ranks(launch: HostLaunch, lines: Sequence[str], c10d: bool,
-                known: Mapping[tuple[str, int], int] | None = None) -> list[tuple[str | None, str]]:
-    """torchrun --tee prefixes worker lines with [role<local rank>]:; map that to a global rank:
-    from the node rank (static), or as the rank reported it (c10d assigns node ranks itself).
-    Each prefix is looked up once per batch."""
-    labels: dict[str, str | None] = {}
-    out: list[tuple[str | None, str]] = []
-    for text in lines:
-        if text[:1] == "[":
-            end = text.find("]:", 1, 48)
-            if end > 0:
-                prefix = text[:end + 2]
-                if prefix not in labels:
-                    labels[prefix] = _label(launch, prefix, c10d, known)
-                label = labels[prefix]
-                if label is not None:
-                    out.append((label, text[end + 2:]))
-                    continue
-        out.append((None, text))
-    return out
-
-
-def _label(launch: HostLaunch, prefix: str, c10d: bool, known: Mapping[tuple[str, int], int] | None) -> str | None:
-    m = TORCHRUN_PREFIX.match(prefix)
-    if not m:
-        return None
-    local = int(m.group("local"))
-    if not c10d:
-        return str(launch.rank_of(local))
-    rank = (known or {}).get((launch.host.name, local))
-    return f"local{local}" if rank is None else str(rank)
-
-
-def split_rank(launch: HostLaunch, text: str, c10d: bool,
-               known: Mapping[tuple[str, int], int] | None = None) -> tuple[str | None, str]:
-    """One line's rank label and text (see split_ranks)."""
-    return split_ranks(launch, [text], c10d, known)[0]
 
 
 @contextlib.contextmanager
@@ -240,7 +200,8 @@ class Supervision:
         log.write("\n".join(lines) + "\n")
         log.flush()  # a batch at a time: the file is current even if `up` is killed
         run.tail = [*run.tail, *lines[-30:]][-30:]
-        self.cb.on_lines(run.host, split_ranks(self.plan.hosts[run.node_rank], lines, self.c10d, self.global_ranks))
+        labels = labels_for(self.plan.hosts[run.node_rank], self.c10d, self.global_ranks)
+        self.cb.on_lines(run.host, RankLines(lines, labels))
 
     def _milestone(self, run: HostRun, event: Milestone) -> None:
         if event.phase.local_rank is not None and event.phase.rank is not None:

@@ -18,7 +18,7 @@ from typing import Any
 import node_agent
 from node_agent.protocol import EVENT_PREFIX, RESULT_PREFIX, parse_line
 from orchestrator.errors import HostError, HostErrorKind
-from orchestrator.remote.transport import CommandResult, OutputLine, RunningCommand, Transport
+from orchestrator.remote.transport import CommandResult, OutputLine, RunningCommand, Transport, split_text
 
 # Runs on the host under `python -c`. It is a constant, never built from user data: it reads a
 # line "<length> <key>" and the zlib'd JSON of node_agent's sources from stdin, imports them from
@@ -147,19 +147,33 @@ class AgentResult:
 
 
 Message = AgentEvent | AgentResult | OutputLine
-# In a batch, a line of program output on stdout is its bare text: a chatty job's output stays
-# one str per line, with no object around it.
-Batched = str | AgentEvent | AgentResult | OutputLine
+# In a batch, a run of program output lines on stdout is a plain list of their texts: a chatty
+# job's output stays one str per line, with no object around it.
+Batched = list[str] | str | AgentEvent | AgentResult | OutputLine
 PROTOCOL_MARK = "@@DDPCTL-"  # every protocol line starts so (EVENT_PREFIX and RESULT_PREFIX)
 assert EVENT_PREFIX.startswith(PROTOCOL_MARK) and RESULT_PREFIX.startswith(PROTOCOL_MARK)
 
 
-def decode_batch(name: str, lines: list[str]) -> list[Batched]:
-    """A chunk of one stream's lines: stdout's program output as bare text, protocol lines
-    decoded; another stream's lines (stderr) as OutputLines."""
+def decode_chunk(name: str, text: str) -> list[Batched]:
+    """A chunk of one stream's whole lines: on stdout, each run of program output as one list of
+    lines and each protocol line decoded (found with str.find, not a Python step per line);
+    another stream's lines (stderr) as OutputLines."""
     if name != "stdout":
-        return [OutputLine(name, text) for text in lines]
-    return [_protocol(text) if text.startswith(PROTOCOL_MARK) else text for text in lines]
+        return [OutputLine(name, line) for line in split_text(text)]
+    out: list[Batched] = []
+    start = pos = 0
+    while (at := text.find(PROTOCOL_MARK, pos)) >= 0:
+        end = text.find("\n", at)
+        if at and text[at - 1] != "\n":  # inside a line of output: not ours
+            pos = end + 1
+            continue
+        if at > start:
+            out.append(split_text(text[start:at]))
+        out.append(_protocol(text[at:end].rstrip("\r")))
+        start = pos = end + 1
+    if start < len(text):
+        out.append(split_text(text[start:]))
+    return out
 
 
 def _protocol(text: str) -> Batched:
@@ -248,10 +262,10 @@ class AgentStream:
 
     def batches(self) -> Iterator[list[Batched]]:
         """The messages chunk by chunk, as they arrive (program output on stdout as bare text)."""
-        for name, lines in self.running.chunks():
-            batch = decode_batch(name, lines)
+        for name, text in self.running.chunks():
+            batch = decode_chunk(name, text)
             if name != "stdout":
-                self.other = [*self.other[-19:], *lines[-20:]][-20:]
+                self.other = [*self.other, *(m.text for m in batch if isinstance(m, OutputLine))][-20:]
             yield batch
 
     def send(self, data: bytes) -> None:

@@ -86,7 +86,7 @@ CHUNK = 1 << 16  # bytes read at once from a command's stdout or stderr
 QUEUED_CHUNKS = 16  # chunks a reader may hold before it waits for its consumer: memory stays bounded,
 # and a consumer that falls behind leaves the backlog with the command (where a node keeps its log)
 
-Chunk = tuple[str, list[str]]  # (stream name, whole lines without their newline)
+Chunk = tuple[str, str]  # (stream name, whole lines as one text, each with its newline)
 
 
 @dataclass
@@ -111,7 +111,7 @@ class LineQueue:
         def pump() -> None:
             try:
                 for data in whole_lines(read_or_end):
-                    self.q.put((name, split_lines(data)))
+                    self.q.put((name, data.decode("utf-8", "replace")))
             finally:
                 self.q.put(_EOF)
 
@@ -129,15 +129,13 @@ class LineQueue:
                 yield item  # type: ignore[misc]
 
     def __iter__(self) -> Iterator[OutputLine]:
-        for name, lines in self.chunks():
-            for text in lines:
-                yield OutputLine(name, text)
+        for name, text in self.chunks():
+            for line in split_text(text):
+                yield OutputLine(name, line)
 
 
-def split_lines(data: bytes) -> list[str]:
-    """Whole lines (`data` ends with a newline) as text: one decode, one split; CRs dropped as a
-    line's ending."""
-    text = data.decode("utf-8", "replace")
+def split_text(text: str) -> list[str]:
+    """Whole lines (`text` ends with a newline), one split; a CR is dropped as a line's ending."""
     lines = text.split("\n")
     lines.pop()
     if "\r" in text:

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from inventory import ConfigError, Host, Inventory, Job, Rendezvous
+from orchestrator.launch.labels import RankLines, labels_for, split_rank
 from orchestrator.launch.plan import build_plan, mask_env
 from orchestrator.launch.preflight import resolve_nprocs
-from orchestrator.launch.supervise import split_rank
 from orchestrator.remote.wire import HostFacts
 
 A = Host(name="a", address="198.18.0.1", python="/opt/py/bin/python")
@@ -88,6 +88,19 @@ def test_split_rank_maps_torchrun_prefix_to_global_rank(text: str, c10d: bool,
                                                         expected: tuple[str | None, str]) -> None:
     plan = build_plan(make_job(), "t-1", {"a": 2, "b": 2}, 29500)
     assert split_rank(plan.hosts[1], text, c10d) == expected
+
+
+@pytest.mark.parametrize(("lines", "expected"), [
+    (["[default0]:a", "[default1]:b", "[default0]:"], "<2>a\n<3>b\n<2>\n"),  # one replace per local rank
+    (["torchrun's own", "[default1]:x"], "<-> torchrun's own\n<3>x\n"),  # mixed: line by line
+    (["[default1]:[default0]:nested"], "<3>[default0]:nested\n"),  # only a line's own prefix
+    ([], ""),
+])
+def test_a_batch_renders_each_line_after_its_ranks_prefix(lines: list[str], expected: str) -> None:
+    plan = build_plan(make_job(), "t-1", {"a": 2, "b": 2}, 29500)
+    batch = RankLines(lines, labels_for(plan.hosts[1], c10d=False))
+    assert batch.render(lambda rank: f"<{rank}>" if rank is not None else "<-> ") == expected
+    assert len(batch) == len(lines)
 
 
 def test_gpu_nproc_with_unequal_counts_is_a_config_error() -> None:

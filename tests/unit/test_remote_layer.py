@@ -7,7 +7,7 @@ import pytest
 from inventory import LOCALHOST
 from node_agent.protocol import EVENT_PREFIX, RESULT_PREFIX
 from orchestrator.errors import HostError, HostErrorKind
-from orchestrator.remote.agent import AgentEvent, AgentResult, call_agent, decode, parse_reply
+from orchestrator.remote.agent import AgentEvent, AgentResult, call_agent, decode, decode_chunk, parse_reply
 from orchestrator.remote.transport import CommandResult, LocalTransport, OutputLine
 from orchestrator.remote.wire import parse_down, parse_ps, parse_supervise
 
@@ -60,3 +60,18 @@ def test_supervise_ps_and_down_replies_are_typed() -> None:
     (stopped,) = parse_down({"stopped": [{"job_id": "j-1", "terminated": [9, 10], "killed": [10],
                                           "commands": {"9": "torchrun"}, "left": []}]})
     assert stopped.killed == (10,) and stopped.commands == {9: "torchrun"}
+
+
+EVENT = EVENT_PREFIX + '{"event": "out", "end": 7}'
+
+
+@pytest.mark.parametrize(("name", "text", "expected"), [
+    ("stdout", "a\nb\n", [["a", "b"]]),
+    ("stdout", f"a\n{EVENT}\nb\r\n", [["a"], AgentEvent("out", {"event": "out", "end": 7}), ["b"]]),
+    ("stdout", f"{EVENT}\n", [AgentEvent("out", {"event": "out", "end": 7})]),
+    ("stdout", f"x {EVENT}\n", [[f"x {EVENT}"]]),  # the mark inside a line of output is output
+    ("stdout", "@@DDPCTL-nonsense\n", ["@@DDPCTL-nonsense"]),
+    ("stderr", "w\n", [OutputLine("stderr", "w")]),
+])
+def test_a_chunk_decodes_to_runs_of_output_and_protocol_messages(name: str, text: str, expected: list[object]) -> None:
+    assert decode_chunk(name, text) == expected

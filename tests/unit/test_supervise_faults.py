@@ -28,6 +28,7 @@ from orchestrator.launch import core, supervise
 from orchestrator.launch.backends.base import DetachReport, Emit, Notice, Resolved
 from orchestrator.launch.events import Alive, BackendEvent, Exited, Lost, Output, Reattached, Reported, Started
 from orchestrator.launch.faults import FaultLimits
+from orchestrator.launch.labels import RankLines
 from orchestrator.launch.lanes import Lanes
 from orchestrator.launch.observer import Collected
 from orchestrator.launch.options import LaunchOptions
@@ -384,7 +385,7 @@ class SlowObserver(Collected):
         self.journal = journal
         self.per_batch = per_batch
 
-    def on_lines(self, host: str, lines: Sequence[tuple[str | None, str]]) -> None:
+    def on_lines(self, host: str, lines: RankLines) -> None:
         time.sleep(self.per_batch)
         self.journal.append(f"lines {host}")
         super().on_lines(host, lines)

@@ -88,7 +88,9 @@ def committed(stream: AgentStream, stop_after: int | None = None) -> tuple[list[
     offset, result = 0, None
     for batch in stream.batches():
         for message in batch:
-            if isinstance(message, str):
+            if isinstance(message, list):
+                pending.extend(message)
+            elif isinstance(message, str):
                 pending.append(message)
             elif isinstance(message, AgentEvent) and message.name == "out":
                 lines += pending

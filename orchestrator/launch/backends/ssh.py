@@ -182,7 +182,9 @@ class SshBackend:
             if not link.current(generation):
                 return
             for message in batch:
-                if isinstance(message, str):
+                if isinstance(message, list):  # a run of program output lines
+                    pending.extend(message)
+                elif isinstance(message, str):
                     pending.append(message)
                 elif isinstance(message, OutputLine):
                     pending.append(message.text)  # the agent's own stderr: shown with the output
