@@ -1,5 +1,7 @@
-"""The attach op: a control plane that lost contact with this host comes back on a fresh
-connection and takes over the job's output and control from where it stopped.
+"""Re-attaching: a control plane that lost contact with this host comes back on a fresh
+connection and takes over the job's output and control from where it stopped. Both ends of the
+supervisor's attach socket live here: the supervisor listens (`listen`, `serve`), the attach op
+connects.
 
 Request: {"job_id", "node_rank", "offset"} (the log offset of the last batch it committed). While
 the job's supervisor runs, this op connects to its attach socket and relays: the socket's bytes
@@ -12,24 +14,81 @@ supervisor recorded in state.json, so a job that ended during the outage loses n
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import socket
 import sys
+import tempfile
 import threading
 import time
 
 from node_agent.protocol import RESULT_PREFIX, emit_event
 from node_agent.runstate import read_json, state_dir
-from node_agent.uplink import BATCH, event_line
+from node_agent.uplink import BATCH, Sink, event_line
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing is for the checker only (node_agent/__init__.py)
-    from typing import Any, BinaryIO, Dict, Optional
+    from typing import Any, BinaryIO, Callable, Dict, Optional
 
+SOCKET_PATH_MAX = 100  # sun_path holds 108 bytes; a longer state dir gets a short socket path
 RESULT_KEYS = ("exit_code", "stop_reason", "first_error", "rank_errors", "state_dir", "log", "nccl")
 MARK = RESULT_PREFIX.encode()
 SETTLE_S = 5.0  # a supervisor that has just ended: how long to wait for its final state
+
+
+def socket_path(directory: str) -> str:
+    """Where a job's supervisor listens: in its own state dir (0700), or where that path is too
+    long for a Unix socket, in a 0700 directory of this user under /tmp."""
+    path = os.path.join(directory, "attach.sock")
+    if len(path.encode()) <= SOCKET_PATH_MAX:
+        return path
+    base = os.path.join(tempfile.gettempdir(), "ddpctl-%d" % os.getuid())
+    os.makedirs(base, mode=0o700, exist_ok=True)
+    st = os.stat(base)
+    if st.st_uid != os.getuid() or st.st_mode & 0o077:
+        raise OSError("%s is not private to this user" % base)
+    return os.path.join(base, hashlib.sha1(directory.encode()).hexdigest()[:20] + ".sock")
+
+
+def listen(directory: str) -> Optional[socket.socket]:
+    """The supervisor's attach socket (None where it cannot listen: no re-attach, the job runs)."""
+    try:
+        path = socket_path(directory)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(path)
+        os.chmod(path, 0o600)
+        listener.listen(4)
+    except OSError:
+        return None
+    return listener
+
+
+def serve(listener: socket.socket, attached: Callable[[Any, Sink, int], None]) -> None:
+    """Each session that says `ATTACH <offset>` goes to `attached(reader, sink, offset)`, in a
+    thread of its own, until the listener is closed."""
+    while True:
+        try:
+            conn, _ = listener.accept()
+        except OSError:
+            return
+        threading.Thread(target=_session, args=(conn, attached), daemon=True).start()
+
+
+def _session(conn: socket.socket, attached: Callable[[Any, Sink, int], None]) -> None:
+    conn.settimeout(10.0)
+    reader = conn.makefile("rb")
+    try:
+        words = reader.readline().split()
+    except OSError:
+        words = []
+    if len(words) != 2 or words[0] != b"ATTACH" or not words[1].isdigit():
+        conn.close()
+        return
+    conn.settimeout(None)
+    attached(reader, Sink("re-attached session", sock=conn), int(words[1]))
 
 
 def attach(request: Dict[str, Any], control: BinaryIO) -> Dict[str, Any]:

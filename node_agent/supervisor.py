@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import hashlib
 import importlib
 import json
 import os
@@ -30,10 +29,10 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 
+from node_agent.attach import listen, serve
 from node_agent.lines import whole_lines
 from node_agent.nccl_log import parse_files
 from node_agent.protocol import emit_event
@@ -56,21 +55,6 @@ TORCHRUN_MODULE = "torch.distributed.run"
 RANK_POLL_S = 0.05  # how often the ranks' milestone files are looked for (one listdir)
 WATCH_EVERY = 0.5  # how often the watchdog looks at the last heartbeat
 READ_CHUNK = 1 << 16
-SOCKET_PATH_MAX = 100  # sun_path holds 108 bytes; a longer state dir gets a short socket path
-
-
-def attach_socket_path(directory: str) -> str:
-    """Where a job's supervisor listens for re-attaching sessions: in its own state dir (0700), or
-    where that path is too long for a Unix socket, in a 0700 directory of this user under /tmp."""
-    path = os.path.join(directory, "attach.sock")
-    if len(path.encode()) <= SOCKET_PATH_MAX:
-        return path
-    base = os.path.join(tempfile.gettempdir(), "ddpctl-%d" % os.getuid())
-    os.makedirs(base, mode=0o700, exist_ok=True)
-    st = os.stat(base)
-    if st.st_uid != os.getuid() or st.st_mode & 0o077:
-        raise OSError("%s is not private to this user" % base)
-    return os.path.join(base, hashlib.sha1(directory.encode()).hexdigest()[:20] + ".sock")
 
 
 class Supervisor:
@@ -280,46 +264,14 @@ class Supervisor:
                 return
             time.sleep(WATCH_EVERY)
 
-    def serve_attach(self, listener: socket.socket) -> None:
-        """Re-attaching sessions (node_agent/attach.py): `ATTACH <offset>`, then the socket is the
-        sink and its incoming lines are control words."""
-        while True:
-            try:
-                conn, _ = listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._attached, args=(conn,), daemon=True).start()
-
-    def _attached(self, conn: socket.socket) -> None:
-        conn.settimeout(10.0)
-        reader = conn.makefile("rb")
-        try:
-            words = reader.readline().split()
-        except OSError:
-            words = []
-        if len(words) != 2 or words[0] != b"ATTACH" or not words[1].isdigit() or self.uplink is None:
-            conn.close()
-            return
-        conn.settimeout(None)
+    def attached(self, reader: Any, sink: Sink, offset: int) -> None:
+        """A re-attached session (node_agent/attach.py): it is the sink from `offset` on, and its
+        lines are control words."""
         self.last_beat = time.monotonic()
-        sink = Sink("re-attached session", sock=conn)
-        self.uplink.attach(sink, int(words[1]))
+        if self.uplink is not None:
+            self.uplink.attach(sink, offset)
         with contextlib.suppress(OSError, ValueError):
             self.read_control(reader, sink)
-
-    def listen_attach(self) -> Optional[socket.socket]:
-        try:
-            path = attach_socket_path(str(self.dir))
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
-            listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            listener.bind(path)
-            os.chmod(path, 0o600)
-            listener.listen(4)
-        except OSError:
-            return None  # no re-attach on this host: the job still runs, as before
-        self.attach_path = path
-        return listener
 
     def rank_errors(self) -> List[Dict[str, Any]]:
         """Every rank's error, earliest first: the wrapper's records, and torchelastic's error
@@ -358,7 +310,8 @@ class Supervisor:
         """Run torchrun to its end. `control`: the session's control channel (None: detached, or a
         batch job's node); `sink`: where output and events go (None: nowhere, detached)."""
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        listener = self.listen_attach() if control is not None else None
+        listener = listen(str(self.dir)) if control is not None else None
+        self.attach_path = listener.getsockname() if listener is not None else None
         self.start()
         assert self.proc is not None
         self.started = self.state()
@@ -380,7 +333,7 @@ class Supervisor:
         if control is not None:
             self._thread(self.read_control, control, sink)
         if listener is not None:
-            self._thread(self.serve_attach, listener)
+            self._thread(serve, listener, self.attached)
         if (control is not None or self.request.get("batch")) and self.heartbeat_timeout > 0:
             self._thread(self.watch_heartbeat)
         if self.wrap:

@@ -4,14 +4,12 @@ signals that end `up`; keeps the logs and writes summary.json. Knows nothing of 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import signal
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from types import FrameType
 from typing import IO
 
 from orchestrator.launch.backends.base import Backend
@@ -43,55 +41,12 @@ from orchestrator.launch.result import (
     root_cause,
     write_summary,
 )
+from orchestrator.launch.signals import STOP_SIGNALS, StopSignal, interrupts_ignored, stop_signals_raise
 from orchestrator.launch.watchdog import RendezvousWatch
 from orchestrator.remote.wire import RankError
 
 CHECK_EVERY = 0.5  # how often silent hosts and hangs are looked for
-STOP_SIGNALS = {signal.SIGTERM: "SIGTERM (e.g. `timeout`, a cancelled CI job or `kill`)",
-                signal.SIGHUP: "SIGHUP (the terminal closed)"}
 NODE_GAVE_UP = ("no heartbeat from the control plane", "control connection lost")
-
-
-class StopSignal(KeyboardInterrupt):
-    """SIGTERM or SIGHUP to `up`: handled as Ctrl-C is, then `up` exits 128 + the signal."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
-
-
-@contextlib.contextmanager
-def interrupts_ignored() -> Iterator[None]:
-    """SIGINT, SIGTERM and SIGHUP ignored for the block (main thread only; elsewhere there is no
-    signal to mind)."""
-    try:
-        previous = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, *STOP_SIGNALS)}
-    except ValueError:  # not the main thread
-        yield
-        return
-    try:
-        yield
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
-
-
-@contextlib.contextmanager
-def stop_signals_raise() -> Iterator[None]:
-    """SIGTERM and SIGHUP raise StopSignal in the main thread for the block, as SIGINT raises
-    KeyboardInterrupt."""
-    def raise_stop(signum: int, _frame: FrameType | None) -> None:
-        raise StopSignal(signum)
-
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = {s: signal.signal(s, raise_stop) for s in STOP_SIGNALS}
-    try:
-        yield
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
 
 
 class Supervision:

@@ -126,6 +126,45 @@ def test_control_plane_blips_of_20_and_45_seconds_cost_nothing(make_cluster: Cal
     wait_for(lambda: no_job_processes(cluster, summary["job_id"]), 30, "no process of the job left")
 
 
+def control_connection_port(cluster: Cluster, i: int) -> int:
+    """This machine's port of its one SSH connection to host i (ddpctl keeps one per host)."""
+    out = subprocess.run(["ss", "-Htn", "state", "established", "dst", f"{cluster.hosts[i].address}:{cluster.port}"],
+                         capture_output=True, text=True, check=True).stdout.split()
+    (local,) = [word for word in out if word.startswith(f"{cluster.bridge_address}:")]
+    return int(local.rsplit(":", 1)[1])
+
+
+def connection_blocked(cluster: Cluster, i: int, port: int, on: bool) -> None:
+    """Only the one TCP connection from `port`: a fresh connection to host i gets through."""
+    flag = "-I" if on else "-D"
+    cluster.iptables(i, flag, "INPUT", "-p", "tcp", "--dport", str(cluster.port), "--sport", str(port), "-j", "DROP")
+    cluster.iptables(i, flag, "OUTPUT", "-p", "tcp", "--sport", str(cluster.port), "--dport", str(port), "-j", "DROP")
+
+
+def test_a_stuck_control_connection_is_replaced_and_the_output_resumes_where_it_stopped(
+        make_cluster: Callable[[int], Cluster], tmp_path: Path) -> None:
+    """The old connection stays dead, a new one gets through: up re-attaches to node1's
+    supervisor over it, and node1's output picks up at the last batch shown."""
+    cluster = make_cluster(2)
+    steps = 150
+    job = steps_job(tmp_path, cluster, "stuck", steps, 0.1)
+    runs, out = tmp_path / "runs", tmp_path / "stuck.out"
+    proc = start_up(job, runs, cluster, out)
+    wait_for(lambda: running(out), 120, "training to start")
+    port = control_connection_port(cluster, 1)
+    connection_blocked(cluster, 1, port, True)
+    try:
+        code = wait_exit(proc, 120)
+    finally:
+        connection_blocked(cluster, 1, port, False)
+    text = out.read_text()
+    assert code == 0, text[-3000:]
+    assert re.search(r"lost contact with node1 at \d\d:\d\d:\d\d", text), text[-3000:]
+    assert re.search(r"node1 back after \d+s: re-attached on a fresh connection", text), text[-3000:]
+    assert step_lines(text) == {rank: list(range(steps)) for rank in range(2)}  # none lost, none twice
+    wait_for(lambda: no_job_processes(cluster, only_summary(runs)["job_id"]), 30, "no process of the job left")
+
+
 def test_a_host_cut_off_while_flooding_is_lost_and_stops_its_own_ranks(make_cluster: Callable[[int], Cluster],
                                                                        tmp_path: Path) -> None:
     cluster = make_cluster(2)
