@@ -7,8 +7,10 @@ stdin:  one JSON request line ({"op": NAME, ...}); after it, stdin stays open as
         into the supervise op with that request.
 stdout: any number of lines; lines starting with EVENT_PREFIX carry a JSON event, the line
         starting with RESULT_PREFIX carries the op's JSON result. Other lines are the output of
-        the supervised program, passed through verbatim.
-exit:   the op's exit code (the supervised program's exit code for "supervise").
+        the supervised program, passed through verbatim; supervise (and attach) follow each batch
+        of them with an `out` event whose `end` is the node log's offset after the batch: a
+        batch counts once its `out` has come (node_agent/uplink.py).
+exit:   the op's exit code (the supervised program's exit code for "supervise" and "attach").
 """
 
 from __future__ import annotations
