@@ -25,7 +25,7 @@ import time
 
 from node_agent.protocol import RESULT_PREFIX, emit_event
 from node_agent.runstate import read_json, state_dir
-from node_agent.uplink import BATCH, Sink, event_line
+from node_agent.uplink import BATCH, Sink, batch_of, event_line
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing is for the checker only (node_agent/__init__.py)
@@ -177,17 +177,9 @@ def _replay(directory: Any, offset: int) -> Dict[str, Any]:
                 data = log.read(BATCH)
                 if not data:
                     break
-                end = offset + len(data)
-                if not data.endswith(b"\n"):
-                    more = log.read(1)
-                    if more:  # cut at the last whole line; the rest comes with the next batch
-                        cut = data.rfind(b"\n") + 1 or len(data)
-                        log.seek(offset + cut)
-                        data, end = data[:cut], offset + cut
-                    if not data.endswith(b"\n"):
-                        data += b"\n"
-                _write_all(data + event_line("out", end=end))
-                offset = end
+                payload, offset = batch_of(data, offset)
+                _write_all(payload)
+                log.seek(offset)
     except OSError:
         pass
     for name in sorted(os.listdir(str(directory / "ranks"))) if (directory / "ranks").is_dir() else ():

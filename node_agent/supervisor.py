@@ -135,11 +135,6 @@ class Supervisor:
                                            record.get("type") or "error"),
                   failed=[int(pid)] if isinstance(pid, int) else [])
 
-    def watch_ranks(self) -> None:
-        while self.proc is not None and self.proc.poll() is None:
-            self.scan_ranks()
-            time.sleep(RANK_POLL_S)
-
     def env(self) -> Dict[str, str]:
         env = dict(os.environ)
         env.update({str(k): str(v) for k, v in (self.request.get("env") or {}).items()})
@@ -223,18 +218,22 @@ class Supervisor:
                 self.uplink.grew(self.log_end)
 
     def pump_output(self) -> None:
-        """torchrun's own output (its ranks' is in their files: follow_ranks), whole lines at a time."""
+        """torchrun's own output (its ranks' is in their files: watch_ranks), whole lines at a time."""
         assert self.proc is not None and self.proc.stdout is not None
         for data in whole_lines(functools.partial(os.read, self.proc.stdout.fileno(), READ_CHUNK)):
             self.append(data)
 
-    def follow_ranks(self) -> None:
-        """Each rank's output from the files torchrun writes it to (node_agent/ranklogs.py), until
-        torchrun has ended; then to the files' end."""
+    def watch_ranks(self) -> None:
+        """Every RANK_POLL_S while torchrun runs: each rank's output from the files torchrun writes
+        it to (node_agent/ranklogs.py), then, wrapped, its milestone files (a failed rank's
+        traceback is in its file before its error record is: it reaches the log first). After
+        torchrun has ended, the output files to their end."""
         ranks = RankLogs(str(self.dir / "torchrun"), self.append)
         try:
             while self.proc is not None and self.proc.poll() is None:
                 ranks.poll()
+                if self.wrap:
+                    self.scan_ranks()
                 time.sleep(RANK_POLL_S)
             ranks.poll(final=True)
         finally:
@@ -318,8 +317,8 @@ class Supervisor:
         write_json_atomic(self.dir / "state.json", self.started)
         if sink is not None:
             self.uplink = Uplink(str(self.log_path), commit=control is not None, on_lost=self.stop,
-                                 heard=(lambda: time.monotonic() - self.last_beat) if control is not None else None)
-            self.uplink.replay = self.replay
+                                 heard=(lambda: time.monotonic() - self.last_beat) if control is not None else None,
+                                 replay=self.replay)
             self.uplink.attach(sink, 0)
             self.uplink.event("started", pid=self.proc.pid, pgid=self.proc.pid, state_dir=str(self.dir),
                               log=str(self.log_path), hostname=socket.gethostname())
@@ -329,15 +328,13 @@ class Supervisor:
         for name in self.request.get("forward_signals") or ():
             signal.signal(getattr(signal, "SIG" + str(name)), self.forward)
         pump = self._thread(self.pump_output)
-        ranks = self._thread(self.follow_ranks)
+        ranks = self._thread(self.watch_ranks)
         if control is not None:
             self._thread(self.read_control, control, sink)
         if listener is not None:
             self._thread(serve, listener, self.attached)
         if (control is not None or self.request.get("batch")) and self.heartbeat_timeout > 0:
             self._thread(self.watch_heartbeat)
-        if self.wrap:
-            self._thread(self.watch_ranks)
         code = self.proc.wait()
         pump.join(10)
         ranks.join(30)

@@ -28,11 +28,10 @@ from node_agent.protocol import EVENT_PREFIX, RESULT_PREFIX
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing is for the checker only (node_agent/__init__.py)
-    from typing import Any, Callable, Deque, Dict, List, Optional
+    from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
 HEARTBEAT_EVERY = 2.0  # seconds between heartbeats when nothing else is sent
 BATCH = 1 << 18  # log bytes per batch (then its commit line)
-MAX_LINE = 1 << 20  # a longer "line" (no newline) is sent in pieces
 WRITE_POLL_S = 0.25  # a blocked write looks this often whether its sink was replaced
 ORPHAN_WAIT_S = 1.0  # the job has ended and no sink is left: how long a re-attach may still come
 
@@ -45,6 +44,14 @@ def event_line(name: str, **fields: Any) -> bytes:
 
 def result_line(result: Dict[str, Any]) -> bytes:
     return (RESULT_PREFIX + json.dumps(result, sort_keys=True, default=str) + "\n").encode()
+
+
+def batch_of(data: bytes, start: int, commit: bool = True) -> Tuple[bytes, int]:
+    """What to send of `data` (the log from offset `start`, not empty): its whole lines and their
+    commit line, and the log offset after them. A line longer than `data` goes in pieces."""
+    cut = data.rfind(b"\n") + 1 or len(data)
+    lines = data[:cut] if data[cut - 1:cut] == b"\n" else data[:cut] + b"\n"
+    return lines + (event_line("out", end=start + cut) if commit else b""), start + cut
 
 
 class Sink:
@@ -97,7 +104,8 @@ class Uplink:
 
     def __init__(self, log_path: str, commit: bool = True,
                  on_lost: Optional[Callable[[str], None]] = None,
-                 heard: Optional[Callable[[], float]] = None) -> None:
+                 heard: Optional[Callable[[], float]] = None,
+                 replay: Optional[Callable[[], List[bytes]]] = None) -> None:
         self.log_path = log_path
         self.commit = commit  # commit lines (a re-attachable session); a batch job's file needs none
         self.on_lost = on_lost  # the current sink died (the control plane closed it)
@@ -112,7 +120,7 @@ class Uplink:
         self.sent = 0  # log offset sent (and committed) to the current sink
         self.final: Optional[bytes] = None
         self.delivered = threading.Event()
-        self.replay: Callable[[], List[bytes]] = lambda: []  # events a re-attached sink gets again
+        self.replay = replay or (lambda: [])  # events a re-attached sink gets again
         self.closed = False
 
     # -- from other threads ---------------------------------------------------------------
@@ -191,11 +199,11 @@ class Uplink:
                         old.close()
                 sink = self.sink
                 events, self.events = list(self.events), deque()
-                start, end, done = self.sent, min(self.log_end, self.sent + BATCH), self.log_done
-                final = self.final if done and end == self.log_end else None
+                start, end = self.sent, min(self.log_end, self.sent + BATCH)
+                final = self.final if self.log_done and end == self.log_end else None
             if sink is None:
                 continue
-            if self._send(sink, log, events, start, end, done, final):
+            if self._send(sink, log, events, start, end, final):
                 last_sent = time.monotonic()
 
     def _work(self) -> bool:
@@ -207,28 +215,20 @@ class Uplink:
         return bool(self.events) or self.log_end > self.sent or \
             (self.final is not None and self.log_done and not self.delivered.is_set())
 
-    def _send(self, sink: Sink, log: Any, events: List[bytes], start: int, end: int, done: bool,
+    def _send(self, sink: Sink, log: Any, events: List[bytes], start: int, end: int,
               final: Optional[bytes]) -> bool:
         current = lambda: self.is_current(sink)  # noqa: E731
         if events and not sink.write(b"".join(events), current):
             return self._dropped(sink)
-        if end > start:
+        if end > start:  # the log holds whole lines: a batch is cut at its last one
             log.seek(start)
-            data = log.read(end - start)
-            cut = data.rfind(b"\n") + 1
-            if cut == 0 and (len(data) >= MAX_LINE or (done and end == self.log_end)):
-                cut = len(data)  # a piece of a very long line, or the unterminated last one
-                data += b"\n"
-            else:
-                data = data[:cut]
-            if cut:
-                marker = event_line("out", end=start + cut) if self.commit else b""
-                if not sink.write(data + marker, current):
-                    return self._dropped(sink)
-                with self.cond:
-                    if self.sink is sink:
-                        self.sent = start + cut
-        if final is not None and end >= start and not self._more():
+            payload, sent = batch_of(log.read(end - start), start, self.commit)
+            if not sink.write(payload, current):
+                return self._dropped(sink)
+            with self.cond:
+                if self.sink is sink:
+                    self.sent = sent
+        if final is not None and not self._more():
             if not sink.write(final, current):
                 return self._dropped(sink)
             self.delivered.set()

@@ -35,7 +35,6 @@ from orchestrator.errors import HostError
 from orchestrator.hostops import slurm_jobs
 from orchestrator.hostops.jobs import (
     JobAbsent,
-    LogLine,
     down_absent,
     job_logs,
     logs_absent,
@@ -44,6 +43,7 @@ from orchestrator.hostops.jobs import (
 )
 from orchestrator.remote.pool import make_pool
 from orchestrator.remote.slurm import ACTIVE_STATES, QueuedJob, SlurmClient, slurm_client
+from orchestrator.remote.wire import LogLine
 
 JobArg = Annotated[str, typer.Argument(help="A job id (or name), or the job.toml it was started from.")]
 BackendOpt = Annotated[BackendChoice | None, typer.Option(

@@ -8,39 +8,32 @@ import functools
 import heapq
 import queue
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from inventory import Host, Inventory
-from orchestrator.errors import HostError, HostErrorKind
 from orchestrator.remote.agent import AgentEvent, AgentResult, agent_failed, call_agent, no_result, start_agent
 from orchestrator.remote.pool import FanOut, HostPool
 from orchestrator.remote.transport import OutputLine, Transport
-from orchestrator.remote.wire import LogsFound, RunningJob, StoppedJob, parse_down, parse_logs, parse_ps
+from orchestrator.remote.wire import (
+    LogLine,
+    LogsFound,
+    RunningJob,
+    StoppedJob,
+    decode_log_event,
+    parse_down,
+    parse_logs,
+    parse_ps,
+)
 
 LineSink = Callable[[str, str], None]  # (host, line)
 T = TypeVar("T")
 SHOWN_HOSTS = 5
 PRINT_BATCH = 4096  # merged lines handed to the sink at once
 QUEUED_BATCHES = 8  # a host's batches (log events) waiting for the merge, where every host has a thread
-
-
-@dataclass(frozen=True, slots=True)
-class LogLine:
-    """One line of a job's output as `logs` shows it."""
-
-    time: float  # when the host's node supervisor had written it (that host's clock)
-    host: str
-    rank: str | None  # the global rank ("local<N>" where unknown); None: torchrun's own line
-    text: str
-
-    @property
-    def label(self) -> str:
-        """`node0:3`, or `node0` for torchrun's own lines: as `ddpctl up` labels them."""
-        return self.host if self.rank is None else f"{self.host}:{self.rank}"
 
 
 LogSink = Callable[[Sequence[LogLine]], None]  # a batch of lines, in the order to show them
@@ -101,32 +94,6 @@ def stop_job(pool: HostPool, hosts: Sequence[Host], job: str, grace: float) -> F
     """Stop `job` on every host: SIGTERM, then SIGKILL after `grace`; what each host ended."""
     return pool.map(hosts, lambda t: parse_down(call_agent(t, "down", {"job": job, "grace": grace},
                                                            timeout=grace + 60).result))
-
-
-def _expand(runs: Any, what: str) -> list[Any]:
-    """[[2, a], [1, b]] -> [a, a, b]."""
-    if not isinstance(runs, list):
-        raise ValueError(f"{what} is not a list")
-    out: list[Any] = []
-    for count, value in runs:
-        out += [value] * int(count)
-    return out
-
-
-def decode_log_event(host: str, fields: Mapping[str, Any]) -> list[LogLine]:
-    """The lines of one `log` event of the node agent's logs op: its lines' text joined by newlines,
-    their times and rank labels run-length encoded ([[count, value], ...])."""
-    try:
-        texts = str(fields["text"]).split("\n")
-        times = _expand(fields["times"], "times")
-        ranks = _expand(fields["labels"], "labels")
-        if not len(texts) == len(times) == len(ranks):
-            raise ValueError(f"{len(texts)} lines, {len(times)} times, {len(ranks)} labels")
-        return [LogLine(float(t), host, None if r is None else str(r), text)
-                for t, r, text in zip(times, ranks, texts, strict=True)]
-    except (KeyError, TypeError, ValueError) as exc:
-        raise HostError(host, HostErrorKind.PROTOCOL, f"the node agent sent a malformed log event: {exc}",
-                        "this is a ddpctl bug") from None
 
 
 def merge_logs(streams: Sequence[Iterable[LogLine]]) -> Iterator[LogLine]:

@@ -64,11 +64,10 @@ class Link:
 
     host: str
     state: LinkState = LinkState.CONNECTED
-    since: float = 0.0  # time.time() the state was entered
-    silent_since: float | None = None  # time.monotonic() of the last contact, while SILENT
+    since: float = 0.0  # time.time() the state was entered (SILENT: of the last contact)
 
-    def enter(self, state: LinkState) -> None:
-        self.state, self.since = state, time.time()
+    def enter(self, state: LinkState, at: float | None = None) -> None:
+        self.state, self.since = state, time.time() if at is None else at
 
 
 def limits_for(job_lost_after: float | None, option_lost_after: float | None) -> FaultLimits:

@@ -76,6 +76,11 @@ def root_cause(failures: Sequence[RankFailure]) -> RankFailure | None:
     return min(failures, key=lambda f: (f.consequence, f.error.timestamp or float("inf")), default=None)
 
 
+def clock(at: float) -> str:
+    """A time.time() as this machine's wall clock, to the second (in notices and headlines)."""
+    return time.strftime("%H:%M:%S", time.localtime(at))
+
+
 @dataclass(frozen=True)
 class HostLoss:
     """A host the job lost (gone, or its supervisor stopped for lack of us): it outranks every
@@ -86,7 +91,7 @@ class HostLoss:
     at: float  # time.time() on this machine
 
     def when(self) -> str:
-        return time.strftime("%H:%M:%S", time.localtime(self.at))
+        return clock(self.at)
 
 
 @dataclass

@@ -38,6 +38,7 @@ from orchestrator.launch.result import (
     HostState,
     RankFailure,
     RunResult,
+    clock,
     root_cause,
     write_summary,
 )
@@ -166,7 +167,7 @@ class Supervision:
         if event.phase.error is not None:
             failure = self._rank_failed(run, event.phase.error)
             consequence = failure is not None and failure.consequence
-            if failure is not None and consequence:
+            if consequence and failure is not None:
                 self._blame_silent(failure)
             # fail fast: the other hosts are told now, not when this one's torchrun has exited
             rank = event.phase.rank if event.phase.rank is not None else f"local {event.phase.local_rank}"
@@ -199,7 +200,7 @@ class Supervision:
         text = f"{failure.error.message} {failure.error.traceback[-2000:]}"
         named = [name for name in silent if self.addresses.get(name) and self.addresses[name] in text]
         for name in named or (silent if len(silent) == 1 else []):
-            since = time.strftime("%H:%M:%S", time.localtime(self.links[name].since))
+            since = clock(self.links[name].since)
             self._mark_lost(self.runs[name], f"no contact with {name} since {since}, and the ranks on "
                             f"{failure.host} lost their connections to it: host down or network cut")
 
@@ -244,8 +245,7 @@ class Supervision:
             return  # lost (or over) already: a late re-attach changes nothing
         link = self.links[run.host]
         if link.state is LinkState.SILENT:
-            started = link.since
-            self.cb.on_notice(f"{run.host} back after {time.time() - started:.0f}s: re-attached on a fresh "
+            self.cb.on_notice(f"{run.host} back after {time.time() - link.since:.0f}s: re-attached on a fresh "
                               "connection; its output resumes where it stopped")
         link.enter(LinkState.REATTACHED)
         self.deaf.pop(run.host, None)
@@ -262,20 +262,17 @@ class Supervision:
             link = self.links[name]
             state = judge(link, quiet, self.limits)
             if state is LinkState.SILENT:
-                link.enter(LinkState.SILENT)
-                link.since = time.time() - quiet
-                at = time.strftime("%H:%M:%S", time.localtime(link.since))
-                self.cb.on_notice(f"lost contact with {name} at {at} ({quiet:.0f}s without a word): the job "
-                                  f"runs on; reaching {name} on a fresh connection (it is lost after "
-                                  f"{self.limits.lost_after:.0f}s)")
+                link.enter(LinkState.SILENT, at=time.time() - quiet)
+                self.cb.on_notice(f"lost contact with {name} at {clock(link.since)} ({quiet:.0f}s without a "
+                                  f"word): the job runs on; reaching {name} on a fresh connection (it is lost "
+                                  f"after {self.limits.lost_after:.0f}s)")
                 self.backend.reattach(name)
             elif state is LinkState.CONNECTED:
                 self.cb.on_notice(f"{name} back after {time.time() - link.since:.0f}s")
                 link.enter(LinkState.CONNECTED)
             elif state is LinkState.LOST:
-                since = time.strftime("%H:%M:%S", time.localtime(time.time() - quiet))
-                self._mark_lost(run, f"no contact with {name} for {self.limits.lost_after:.0f}s (since {since}): "
-                                     "host down or network cut")
+                self._mark_lost(run, f"no contact with {name} for {self.limits.lost_after:.0f}s (since "
+                                     f"{clock(time.time() - quiet)}): host down or network cut")
 
     def _check_hang(self) -> None:
         timeout = self.options.hang_timeout

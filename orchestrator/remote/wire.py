@@ -11,6 +11,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from orchestrator.errors import HostError, HostErrorKind
+
 
 def _int_or_none(value: Any) -> int | None:
     return None if value is None else int(value)
@@ -285,7 +287,7 @@ def parse_detached(host: str, r: Mapping[str, Any]) -> DetachedStart:
     return DetachedStart(host, _int_or_none(r.get("pid")), r.get("state_dir"), r.get("log"))
 
 
-# -- ps / down / logs --------------------------------------------------------------------------
+# -- ps / down / logs (LogLine and decode_log_event: at the end) ---------------------------------
 
 @dataclass(frozen=True)
 class RunningJob:
@@ -351,3 +353,44 @@ class LogsFound:
 
 def parse_logs(r: Mapping[str, Any]) -> LogsFound:
     return LogsFound(bool(r.get("found")), r.get("job_id"), _int_or_none(r.get("node_rank")), bool(r.get("running")))
+
+
+@dataclass(frozen=True, slots=True)
+class LogLine:
+    """One line of a job's output as `logs` shows it."""
+
+    time: float  # when the host's node supervisor had written it (that host's clock)
+    host: str
+    rank: str | None  # the global rank ("local<N>" where unknown); None: torchrun's own line
+    text: str
+
+    @property
+    def label(self) -> str:
+        """`node0:3`, or `node0` for torchrun's own lines: as `ddpctl up` labels them."""
+        return self.host if self.rank is None else f"{self.host}:{self.rank}"
+
+
+def _expand(runs: Any, what: str) -> list[Any]:
+    """[[2, a], [1, b]] -> [a, a, b]."""
+    if not isinstance(runs, list):
+        raise ValueError(f"{what} is not a list")
+    out: list[Any] = []
+    for count, value in runs:
+        out += [value] * int(count)
+    return out
+
+
+def decode_log_event(host: str, fields: Mapping[str, Any]) -> list[LogLine]:
+    """The lines of one `log` event of the node agent's logs op: its lines' text joined by newlines,
+    their times and rank labels run-length encoded ([[count, value], ...])."""
+    try:
+        texts = str(fields["text"]).split("\n")
+        times = _expand(fields["times"], "times")
+        ranks = _expand(fields["labels"], "labels")
+        if not len(texts) == len(times) == len(ranks):
+            raise ValueError(f"{len(texts)} lines, {len(times)} times, {len(ranks)} labels")
+        return [LogLine(float(t), host, None if r is None else str(r), text)
+                for t, r, text in zip(times, ranks, texts, strict=True)]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise HostError(host, HostErrorKind.PROTOCOL, f"the node agent sent a malformed log event: {exc}",
+                        "this is a ddpctl bug") from None

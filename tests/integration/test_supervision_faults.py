@@ -49,21 +49,20 @@ STEPS = textwrap.dedent("""\
 STEP_LINE = re.compile(r"^\[node\d+:(\d+)\]\s+rank (\d+) step (\d+)$")
 
 
-def steps_job(tmp_path: Path, cluster: Cluster, name: str, steps: int, delay: float, flood: int = -1,
-              lost_after: int | None = None) -> Path:
+def train(tmp_path: Path, cluster: Cluster, name: str, steps: int, delay: float, *, flood: int = -1,
+          lost_after: int | None = None, until: str = "step 3") -> tuple[subprocess.Popen[str], Path, Path]:
+    """`ddpctl up` of the STEPS job, started from Python (so that signals reach it as they reach a
+    foreground process), once its output shows `until`: the process, the runs dir, its output."""
     script = tmp_path / "steps.py"
     script.write_text(STEPS)
     job = write_job(tmp_path, cluster, name, [str(steps), str(delay), str(flood)], script=script, nproc=1)
     if lost_after is not None:
         job.write_text(job.read_text() + f"[supervise]\nlost_after = {lost_after}\n")
-    return job
-
-
-def start_up(job: Path, runs: Path, cluster: Cluster, out: Path, *extra: str) -> subprocess.Popen[str]:
-    """`ddpctl up` from Python (so that signals reach it as they reach a foreground process)."""
-    return subprocess.Popen(ddpctl_argv("up", str(job), "--runs-dir", str(runs), "--grace", "3", *extra,
-                                        *ssh_args(cluster)),
+    runs, out = tmp_path / "runs", tmp_path / f"{name}.out"
+    proc = subprocess.Popen(ddpctl_argv("up", str(job), "--runs-dir", str(runs), "--grace", "3", *ssh_args(cluster)),
                             stdout=out.open("w"), stderr=subprocess.STDOUT, text=True)
+    wait_for(lambda: until in out.read_text(), 120, f"{until!r} in the output")
+    return proc, runs, out
 
 
 def wait_exit(proc: subprocess.Popen[str], timeout: float) -> int:
@@ -81,8 +80,31 @@ def ssh_blocked(cluster: Cluster, i: int, on: bool) -> None:
     cluster.iptables(i, flag, "OUTPUT", "-p", "tcp", "--sport", str(cluster.port), "-j", "DROP")
 
 
-def running(out: Path, what: str = "step 3") -> bool:
-    return what in out.read_text()
+class Blips:
+    """SSH cut off from some hosts, from now on, each for its own number of seconds (a timer ends
+    each); `close()` ends the ones still on."""
+
+    def __init__(self, cluster: Cluster, seconds: dict[int, float]) -> None:
+        self.cluster = cluster
+        self.on = set(seconds)
+        self.lock = threading.Lock()
+        for i in seconds:
+            ssh_blocked(cluster, i, True)
+        self.timers = [threading.Timer(s, self.end, (i,)) for i, s in seconds.items()]
+        for timer in self.timers:
+            timer.start()
+
+    def end(self, i: int) -> None:
+        with self.lock:
+            if i in self.on:
+                self.on.discard(i)
+                ssh_blocked(self.cluster, i, False)
+
+    def close(self) -> None:
+        for timer in self.timers:
+            timer.cancel()
+        for i in list(self.on):
+            self.end(i)
 
 
 def step_lines(text: str) -> dict[int, list[int]]:
@@ -101,18 +123,12 @@ def test_control_plane_blips_of_20_and_45_seconds_cost_nothing(make_cluster: Cal
     order. It waits about a minute because a 45 s blip is what it proves harmless."""
     cluster = make_cluster(3)
     steps = 300
-    job = steps_job(tmp_path, cluster, "blips", steps, 0.2)
-    runs, out = tmp_path / "runs", tmp_path / "blips.out"
-    proc = start_up(job, runs, cluster, out)
-    wait_for(lambda: running(out), 120, "training to start")
-    ssh_blocked(cluster, 1, True)
-    ssh_blocked(cluster, 2, True)
-    threading.Timer(20, ssh_blocked, (cluster, 1, False)).start()
+    proc, runs, out = train(tmp_path, cluster, "blips", steps, 0.2)
+    blips = Blips(cluster, {1: 20, 2: 45})
     try:
-        time.sleep(45)
+        code = wait_exit(proc, 195)
     finally:
-        ssh_blocked(cluster, 2, False)
-    code = wait_exit(proc, 150)
+        blips.close()
     text = out.read_text()
     assert code == 0, text[-3000:]
     for host in ("node1", "node2"):
@@ -147,10 +163,7 @@ def test_a_stuck_control_connection_is_replaced_and_the_output_resumes_where_it_
     supervisor over it, and node1's output picks up at the last batch shown."""
     cluster = make_cluster(2)
     steps = 150
-    job = steps_job(tmp_path, cluster, "stuck", steps, 0.1)
-    runs, out = tmp_path / "runs", tmp_path / "stuck.out"
-    proc = start_up(job, runs, cluster, out)
-    wait_for(lambda: running(out), 120, "training to start")
+    proc, runs, out = train(tmp_path, cluster, "stuck", steps, 0.1)
     port = control_connection_port(cluster, 1)
     connection_blocked(cluster, 1, port, True)
     try:
@@ -168,10 +181,7 @@ def test_a_stuck_control_connection_is_replaced_and_the_output_resumes_where_it_
 def test_a_host_cut_off_while_flooding_is_lost_and_stops_its_own_ranks(make_cluster: Callable[[int], Cluster],
                                                                        tmp_path: Path) -> None:
     cluster = make_cluster(2)
-    job = steps_job(tmp_path, cluster, "cutoff", 100000, 0.1, flood=1, lost_after=10)
-    runs, out = tmp_path / "runs", tmp_path / "cutoff.out"
-    proc = start_up(job, runs, cluster, out)
-    wait_for(lambda: running(out, "flood"), 120, "node1 to flood")
+    proc, runs, out = train(tmp_path, cluster, "cutoff", 100000, 0.1, flood=1, lost_after=10, until="flood")
     job_id = next(runs.iterdir()).name
     cluster.link_down(1)
     try:
@@ -195,10 +205,7 @@ def test_a_host_cut_off_while_flooding_is_lost_and_stops_its_own_ranks(make_clus
 def test_a_host_killed_outright_is_named_lost_at_once(make_cluster: Callable[[int], Cluster],
                                                       tmp_path: Path) -> None:
     cluster = make_cluster(3)
-    job = steps_job(tmp_path, cluster, "killed", 100000, 0.1)
-    runs, out = tmp_path / "runs", tmp_path / "killed.out"
-    proc = start_up(job, runs, cluster, out)
-    wait_for(lambda: running(out), 120, "training to start")
+    proc, runs, out = train(tmp_path, cluster, "killed", 100000, 0.1)
     job_id = next(runs.iterdir()).name
     kill_netns([cluster.hosts[2].netns])
     code = wait_exit(proc, 60)
@@ -214,10 +221,7 @@ def test_a_host_killed_outright_is_named_lost_at_once(make_cluster: Callable[[in
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["sigterm", "sighup"])
 def test_sigterm_and_sighup_stop_the_job_everywhere_as_ctrl_c_does(cluster2: Cluster, tmp_path: Path,
                                                                    sig: signal.Signals) -> None:
-    job = steps_job(tmp_path, cluster2, f"signal-{sig.name.lower()}", 100000, 0.1)
-    runs, out = tmp_path / "runs", tmp_path / "signal.out"
-    proc = start_up(job, runs, cluster2, out)
-    wait_for(lambda: running(out), 120, "training to start")
+    proc, runs, out = train(tmp_path, cluster2, f"signal-{sig.name.lower()}", 100000, 0.1)
     job_id = next(runs.iterdir()).name
     proc.send_signal(sig)
     code = wait_exit(proc, 60)

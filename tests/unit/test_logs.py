@@ -20,8 +20,9 @@ from inventory import Host
 from node_agent.runstate import proc_start_ticks
 from orchestrator.cli import app
 from orchestrator.errors import HostError
-from orchestrator.hostops.jobs import LogLine, decode_log_event, job_logs, merge_logs
+from orchestrator.hostops.jobs import job_logs, merge_logs
 from orchestrator.remote.pool import HostPool
+from orchestrator.remote.wire import LogLine, decode_log_event
 
 LOCAL = Host(name="node0", address="127.0.0.1", python=sys.executable)
 
@@ -193,7 +194,8 @@ def test_follow_sends_indexed_lines_as_they_come_and_the_rest_when_the_job_ends(
         assert wait_for(1) == ["first"]
         with open(state / "output.log", "ab") as out:  # the pump wrote it; its index entry is not out yet
             out.write(b"[default0]:second\n")
-        time.sleep(0.6)  # three of the op's passes
+        with arrived:  # three of the op's passes: the unindexed line must not come
+            assert not arrived.wait_for(lambda: len(got) > 1, timeout=0.6), got
         assert [m.text for m in got] == ["first"]
         with open(state / "output.idx", "a") as idx:
             idx.write(f"{(state / 'output.log').stat().st_size} 2.000\n")

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from inventory import LOCALHOST
-from node_agent import ranklogs
+from node_agent import ranklogs, uplink
 from node_agent.runstate import alive
 from orchestrator.remote.agent import AgentEvent, AgentResult, AgentStream, agent_argv, request_bytes, start_agent
 from orchestrator.remote.transport import LocalTransport
@@ -187,3 +187,14 @@ def test_a_line_left_unfinished_goes_as_it_is_after_a_while(tmp_path: Path, monk
     logs.poll()
     logs.close()
     assert out == [b"[default0]:50%\r\n"]
+
+
+@pytest.mark.parametrize(("data", "start", "lines", "after"), [
+    (b"a\nb\n", 10, b"a\nb\n", 14),
+    (b"a\nb\nhalf of c", 0, b"a\nb\n", 4),  # the batch ended inside a line: it comes whole next time
+    (b"x" * 8, 100, b"x" * 8 + b"\n", 108),  # a line longer than a batch goes in pieces
+])
+def test_a_batch_is_its_whole_lines_then_their_commit(data: bytes, start: int, lines: bytes, after: int) -> None:
+    payload, end = uplink.batch_of(data, start)
+    assert end == after
+    assert payload == lines + uplink.event_line("out", end=after)
