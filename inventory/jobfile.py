@@ -12,6 +12,7 @@ from inventory.errors import ConfigError
 from inventory.fields import (
     check_keys,
     describe,
+    expect_bool,
     expect_env,
     expect_env_name,
     expect_int,
@@ -44,7 +45,7 @@ JOB_FILE_KEYS = ("inventory", "job", "rendezvous", "env", "slurm", "sync", "supe
 SUPERVISE_KEYS = ("lost_after",)
 MIN_LOST_AFTER_S = 10  # orchestrator/launch/faults.py MIN_LOST_AFTER: silent_after + one retry
 JOB_KEYS = ("name", "script", "module", "args", "nproc_per_node", "hosts")
-RENDEZVOUS_KEYS = ("master_addr", "master_port", "backend", "join_timeout")
+RENDEZVOUS_KEYS = ("master_addr", "master_port", "backend", "join_timeout", "pick_interfaces")
 MAX_JOIN_TIMEOUT_S = 86400
 BACKENDS = ("static", "c10d")
 DEFAULT_MASTER_PORT = 29500
@@ -135,7 +136,8 @@ def load_job(path: Path, overrides: JobOverrides | None = None) -> Job:
         module=entry.module,
         args=arg_list,
         nproc_per_node=spec.nproc,
-        rendezvous=Rendezvous(spec.master_addr, spec.master_port, spec.backend, _join_timeout(doc)),
+        rendezvous=Rendezvous(spec.master_addr, spec.master_port, spec.backend, _join_timeout(doc),
+                              _pick_interfaces(doc)),
         env=MappingProxyType(dict(spec.env)),
         source=path,
         base_dir=base_dir,
@@ -275,6 +277,14 @@ def _join_timeout(doc: TomlFile) -> float:
     return float(expect_int(doc, "rendezvous.join_timeout", rdzv["join_timeout"], 0, MAX_JOIN_TIMEOUT_S))
 
 
+def _pick_interfaces(doc: TomlFile) -> bool:
+    """[rendezvous] pick_interfaces: false leaves GLOO/NCCL_SOCKET_IFNAME to the libraries."""
+    rdzv = doc.data.get("rendezvous") or {}
+    if "pick_interfaces" not in rdzv:
+        return Rendezvous.pick_interfaces
+    return expect_bool(doc, "rendezvous.pick_interfaces", rdzv["pick_interfaces"])
+
+
 def _read_spec(doc: TomlFile, section: dict[str, Any], inventory: Inventory) -> _Spec:
     rdzv: dict[str, Any] = {}
     if "rendezvous" in doc.data:
@@ -316,8 +326,8 @@ def apply_overrides(job: Job, overrides: JobOverrides) -> Job:
     if slurm is None:
         _check_master(_JobReporter(job.source), spec, job.inventory)
     return replace(job, hosts=spec.hosts, nproc_per_node=spec.nproc, env=MappingProxyType(dict(spec.env)),
-                   rendezvous=Rendezvous(spec.master_addr, spec.master_port, spec.backend,
-                                         job.rendezvous.join_timeout), slurm=slurm)
+                   rendezvous=replace(job.rendezvous, master_addr=spec.master_addr,
+                                      master_port=spec.master_port, backend=spec.backend), slurm=slurm)
 
 
 @dataclass(frozen=True)

@@ -72,6 +72,9 @@ class Rendezvous:
     # The rendezvous watchdog: ranks not all joined this many seconds after torchrun started on
     # every node (0: off). Well under torch's own timeouts (600 s to join, 30 min in a collective).
     join_timeout: float = 120.0
+    # GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME set per host to the interface that routes to the
+    # master, where the job leaves them unset and the library's own choice would fail
+    pick_interfaces: bool = True
 
 
 @dataclass(frozen=True)

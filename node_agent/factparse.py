@@ -38,6 +38,21 @@ def parse_route_get(text: str) -> Dict[str, Any]:
             "type": r.get("type")}
 
 
+def parse_route_table(text: str) -> List[Dict[str, Any]]:
+    """`ip -j route show` (the main table) -> [{dst, dev, src, gateway}], dst "default" or a CIDR
+    (a bare address is a /32): enough for the control plane to find any address's route."""
+    out = []
+    for r in json.loads(text or "[]"):
+        dst = r.get("dst")
+        if not dst or r.get("type") in ("unreachable", "blackhole", "prohibit"):
+            continue
+        if dst != "default" and "/" not in dst:
+            dst += "/128" if ":" in dst else "/32"
+        out.append({"dst": dst, "dev": r.get("dev"), "src": r.get("prefsrc"),
+                    "gateway": r.get("gateway"), "metric": r.get("metric") or 0})
+    return out
+
+
 def port_ranges(spec: str) -> List[Tuple[int, int]]:
     """'22,80:90' or '29500-29510' or '{ 22, 29500 }' -> [(22, 22), (80, 90)]."""
     out = []

@@ -116,10 +116,30 @@ def _sys_class_net() -> List[Dict[str, Any]]:
 
 
 def fact_interfaces(req: Dict[str, Any]) -> List[Dict[str, Any]]:
+    if "_interfaces" in req:  # read before listening (see gather): the same answer, once
+        return list(req["_interfaces"])
     try:
         return factparse.parse_ip_addr(run(["ip", "-j", "addr"]))
     except (OSError, RuntimeError, ValueError):
         return _sys_class_net()
+
+
+def fact_routes(req: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """The IPv4 main routing table: the control plane finds each host's route to the master (and
+    the master's address toward its peers) from it, without asking the host again."""
+    if "_routes" in req:
+        return list(req["_routes"])
+    return factparse.parse_route_table(run(["ip", "-j", "route", "show"]))
+
+
+def net_facts(req: Dict[str, Any]) -> Dict[str, Any]:
+    """Interfaces and routes, as the `listening` event carries them (a table that cannot be read
+    is an empty list: the control plane then falls back to the names it has)."""
+    try:
+        routes = fact_routes(req)
+    except (OSError, RuntimeError, ValueError):
+        routes = []
+    return {"interfaces": fact_interfaces(req), "routes": routes}
 
 
 def fact_resolve(name: str) -> List[Dict[str, str]]:
@@ -134,7 +154,7 @@ def fact_resolve(name: str) -> List[Dict[str, str]]:
     return seen
 
 
-def fact_routes(addresses: List[Dict[str, str]]) -> Dict[str, Any]:
+def routes_to(addresses: List[Dict[str, str]]) -> Dict[str, Any]:
     """`ip route get` for the first address of each family the master name resolves to."""
     out: Dict[str, Any] = {}
     for family in ("inet", "inet6"):
@@ -231,7 +251,7 @@ def fact_env(req: Dict[str, Any]) -> Dict[str, str]:
 
 def fact_resolution(req: Dict[str, Any]) -> Dict[str, Any]:
     master = fact_resolve(str(req["master_addr"])) if req.get("master_addr") else []
-    return {"master": master, "routes": fact_routes(master)}
+    return {"master": master, "routes": routes_to(master)}
 
 
 def fact_hostname_resolution(req: Dict[str, Any]) -> List[Dict[str, str]]:
@@ -258,6 +278,7 @@ def registry() -> Dict[str, Fact]:
     """name -> sub-fact. Built per call, so tests can replace a sub-fact."""
     return {
         "python": fact_python, "torch": fact_torch, "gpus": fact_gpus, "interfaces": fact_interfaces,
+        "routes": fact_routes,
         "firewall": fact_firewall, "workdir": fact_workdir, "infiniband": fact_infiniband,
         "memlock": fact_memlock, "env": fact_env, "resolution": fact_resolution,
         "hostname_resolution": fact_hostname_resolution, "cpu_count": fact_cpu_count,
@@ -328,7 +349,9 @@ def gather(request: Dict[str, Any], control: BinaryIO) -> Dict[str, Any]:
 
     sockets, ports = probe.open_listeners([int(p) for p in spec.get("ports") or [0]]) if spec else ({}, [])
     if spec:
-        probe.listening_event(ports, probe.source_toward(str(request.get("master_addr") or "")))
+        net = net_facts(request)
+        request = dict(request, _interfaces=net["interfaces"], _routes=net["routes"])
+        probe.listening_event(ports, probe.source_toward(str(request.get("master_addr") or "")), net)
     master = [p for p in ports if request.get("master_port") and
               p["requested"] == int(request["master_port"])]
     if master:

@@ -23,7 +23,7 @@ if TYPE_CHECKING:  # typing is for the checker only (node_agent/__init__.py)
     from typing import Any, BinaryIO, Dict, List, Optional, Tuple
 
 DEFAULT_LISTEN_TIMEOUT_S = 120.0
-DEFAULT_CONNECT_TIMEOUT_S = 3.0
+DEFAULT_CONNECT_TIMEOUT_S = 4.0
 
 
 def _bind(port: int) -> socket.socket:
@@ -94,10 +94,11 @@ def open_listeners(wanted: List[int]) -> Tuple[Dict[int, socket.socket], List[Di
     return sockets, ports
 
 
-def source_toward(master_addr: str) -> Optional[str]:
-    """The address this host's route to the master leaves from, which its peers dial (the kernel's
-    pick for a UDP socket connected there: no packet is sent); None for the master itself, a
-    loopback route, or a master that does not resolve or route. IPv4 first, as the facts' routes."""
+def source_toward(master_addr: str) -> Optional[Tuple[str, str]]:
+    """(the address this host's route to the master leaves from, which its peers dial; the address
+    master_addr resolved to): the kernel's pick for a UDP socket connected there (no packet is
+    sent). The source is "" for the master itself or a loopback route; None where the master does
+    not resolve or route. IPv4 first, as the facts' routes."""
     if not master_addr:
         return None
     host = master_addr.encode() if master_addr.isascii() else master_addr  # no idna codec import
@@ -116,14 +117,18 @@ def source_toward(master_addr: str) -> Optional[str]:
             except OSError:
                 break  # no route in this family: try the next
             if source == sockaddr[0] or source.startswith("127.") or source == "::1":
-                return None  # the master's own address, or loopback
-            return source
+                return "", str(sockaddr[0])  # the master's own address, or loopback
+            return source, str(sockaddr[0])
     return None
 
 
-def listening_event(ports: List[Dict[str, Any]], source: Optional[str] = None) -> None:
-    emit_event("listening", source=source, ports=[{"requested": p["requested"], "port": p["port"],
-                                                   "error": p["error"]} for p in ports])
+def listening_event(ports: List[Dict[str, Any]], source: Optional[Tuple[str, str]] = None,
+                    net: Optional[Dict[str, Any]] = None) -> None:
+    """The ports bound; `source`: (this host's source address toward the master, the address the
+    master's name resolved to here); `net`: its interfaces and routes (see facts.net_facts)."""
+    emit_event("listening", source=(source[0] or None) if source else None,
+               master_ip=source[1] if source else None, net=net,
+               ports=[{"requested": p["requested"], "port": p["port"], "error": p["error"]} for p in ports])
 
 
 def serve(sockets: Dict[int, socket.socket], ports: List[Dict[str, Any]], control: BinaryIO,
@@ -197,6 +202,35 @@ def connect(request: Dict[str, Any], control: BinaryIO) -> Dict[str, Any]:
     return {"results": connect_all(targets, timeout)}
 
 
+# A target still unanswered is dialled again, on a fresh socket (a new SYN from a new source port),
+# at these fractions of the probe's bound: one lost SYN (a saturated host, a flapping link, a full
+# neighbour table) then costs a retry, not a finding. With the bound of 4 s the dials go out at 0,
+# 0.5, 1, 1.5, 2 and 3 s, and the kernel retransmits each SYN after 1 s and 3 s: 13 SYNs in all
+# before a port is called silent. NCCL retries a timed-out connect too.
+REDIAL_AT = (0.0, 0.125, 0.25, 0.375, 0.5, 0.75)
+# An attempt that ends in these is not the port's answer: the next dial may get through.
+TRANSIENT = ("timeout", "unreachable")
+
+
+class _Target(object):
+    """One target's dials: the addresses its name resolved to, the attempts made, the outcome."""
+
+    def __init__(self, target: str, addresses: List[Any]) -> None:
+        self.target = target
+        self.addresses = addresses
+        self.open: Dict[socket.socket, float] = {}  # live dial -> when it started
+        self.waited: List[float] = []  # each ended attempt's wait, in ms
+        self.last: Optional[BaseException] = None
+        self.result: Optional[Dict[str, Any]] = None
+        self.dialled = 0
+
+    def finish(self, started: float, exc: Optional[BaseException] = None,
+               local: Optional[str] = None) -> None:
+        self.result = _outcome(self.target, started, exc, local)
+        self.result["attempts"] = self.dialled
+        self.result["waited_ms"] = self.waited
+
+
 def _outcome(target: str, started: float, exc: Optional[BaseException] = None,
              local: Optional[str] = None) -> Dict[str, Any]:
     ms = round((time.monotonic() - started) * 1000, 1)
@@ -209,56 +243,95 @@ def _outcome(target: str, started: float, exc: Optional[BaseException] = None,
 def connect_all(targets: List[str], timeout: float) -> List[Dict[str, Any]]:
     """connect_one for every target at once, from this one thread: non-blocking sockets in a
     selector (a thread per target cost each host ~0.1 ms of CPU per peer, and doctor dials every
-    pair). Each target tries the addresses its name resolves to in turn, as create_connection
-    does, within `timeout` in all."""
+    pair). A target is dialled again at each REDIAL_AT while no dial has answered; the first
+    answer decides (connected: ok; refused: an explicit reject). Only when every dial has timed
+    out (or found no route) by `timeout` is that its outcome, with how many attempts were made
+    and how long each waited (`attempts`, `waited_ms`). A name's addresses are dialled in turn,
+    one per attempt."""
     import selectors
 
     started = time.monotonic()
-    results: List[Optional[Dict[str, Any]]] = [None] * len(targets)
     selector = selectors.DefaultSelector()
+    states: List[_Target] = []
 
-    def attempt(i: int, addresses: List[Any], error: Optional[OSError]) -> None:
-        """Dial the target's next address; with none left, its last error is its outcome."""
-        while addresses:
-            family, kind, proto, _, sockaddr = addresses.pop(0)
-            s = socket.socket(family, kind, proto)
-            s.setblocking(False)
-            code = s.connect_ex(sockaddr)
-            if code in (0, errno.EINPROGRESS):
-                selector.register(s, selectors.EVENT_WRITE, (i, addresses))
-                return
+    def dial(t: _Target, now: float) -> None:
+        family, kind, proto, _, sockaddr = t.addresses[t.dialled % len(t.addresses)]
+        t.dialled += 1
+        s = socket.socket(family, kind, proto)
+        s.setblocking(False)
+        code = s.connect_ex(sockaddr)
+        if code in (0, errno.EINPROGRESS):
+            t.open[s] = now
+            selector.register(s, selectors.EVENT_WRITE, t)
+            return
+        s.close()
+        ended(t, OSError(code, os.strerror(code)), now, now)
+
+    def ended(t: _Target, exc: OSError, began: float, now: float) -> None:
+        """One dial failed: a port's own answer (refused) decides; a transient failure waits for
+        the dials still open or to come."""
+        t.waited.append(round((now - began) * 1000, 1))
+        t.last = exc
+        if classify(exc) not in TRANSIENT:
+            close(t)
+            t.finish(started, exc)
+
+    def close(t: _Target) -> None:
+        for s in list(t.open):
+            selector.unregister(s)
             s.close()
-            error = OSError(code, os.strerror(code))
-        results[i] = _outcome(targets[i], started, error or OSError("no address to connect to"))
+        t.open.clear()
 
-    for i, target in enumerate(targets):
+    for target in targets:
         host, _, port = target.rpartition(":")
         host = host.strip("[]")
+        t = _Target(target, [])
+        states.append(t)
         try:
             name = host.encode() if host.isascii() else host  # no idna codec import
-            attempt(i, socket.getaddrinfo(name, int(port), 0, socket.SOCK_STREAM), None)
+            t.addresses = socket.getaddrinfo(name, int(port), 0, socket.SOCK_STREAM)
         except (OSError, ValueError, UnicodeError) as exc:
-            results[i] = _outcome(target, started, exc)
+            t.finish(started, exc)
+            continue
+        if not t.addresses:
+            t.finish(started, OSError("no address to connect to"))
+            continue
+        dial(t, started)
+    redials = [started + f * timeout for f in REDIAL_AT[1:]]
     deadline = started + timeout
-    while selector.get_map():
-        left = deadline - time.monotonic()
-        ready = selector.select(left) if left > 0 else []
-        if not ready:
+    while any(t.result is None for t in states):
+        now = time.monotonic()
+        while redials and redials[0] <= now:
+            redials.pop(0)
+            for t in states:
+                if t.result is None:
+                    dial(t, now)
+        if now >= deadline:
             break
-        for key, _ in ready:
+        wake = min([deadline, *redials[:1]])
+        for key, _ in selector.select(max(0.0, wake - now)):
             s = key.fileobj
-            assert isinstance(s, socket.socket)
-            i, addresses = key.data
-            selector.unregister(s)
+            t = key.data
+            assert isinstance(s, socket.socket) and isinstance(t, _Target)
+            if t.result is not None:
+                continue
             code = s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+            began = t.open.pop(s)
+            selector.unregister(s)
             if code == 0:
-                results[i] = _outcome(targets[i], started, local=str(s.getsockname()[0]))
+                local = str(s.getsockname()[0])
                 s.close()
+                close(t)
+                t.finish(started, local=local)
             else:
                 s.close()
-                attempt(i, addresses, OSError(code, os.strerror(code)))
-    for key in list(selector.get_map().values()):  # still dialling at the deadline
-        key.fileobj.close()  # type: ignore[union-attr]
-        results[key.data[0]] = _outcome(targets[key.data[0]], started, socket.timeout("timed out"))
+                ended(t, OSError(code, os.strerror(code)), began, time.monotonic())
+    now = time.monotonic()
+    for t in states:  # still unanswered at the deadline: every dial timed out (or found no route)
+        if t.result is None:
+            t.waited += [round((now - began) * 1000, 1) for began in t.open.values()]
+            close(t)
+            last = t.last if t.last is not None and classify(t.last) == "unreachable" else None
+            t.finish(started, last or socket.timeout("timed out"))
     selector.close()
-    return [results[i] or _outcome(targets[i], started, OSError("not dialled")) for i in range(len(targets))]
+    return [t.result or _outcome(t.target, started, OSError("not dialled")) for t in states]

@@ -21,6 +21,7 @@ from typing import Any
 
 from tests import cluster_files as files
 from tests.cluster_sys import (
+    NEIGH_FROM_HOSTS,
     NETNS_ETC,
     REGISTRY,
     START_TIMEOUT_S,
@@ -32,9 +33,11 @@ from tests.cluster_sys import (
     netns_pids,
     pick_network,
     pid_alive,
+    raise_neigh_limits,
     read_pid,
     reap_stale_clusters,
     registry_lock,
+    release_neigh_limits,
     remove_network,
     run,
     run_all,
@@ -47,8 +50,8 @@ from tests.cluster_sys import (
 __all__ = ["Cluster", "ClusterError", "ClusterHost", "leftovers", "start_cluster",
            "unavailable_reason"]
 
-MAX_PREFIX_LEN = 10  # "<prefix>-v99" must fit Linux's 15-character interface names
-MAX_HOSTS = 99
+MAX_PREFIX_LEN = 10  # "<prefix>-v244" must fit Linux's 15-character interface names
+MAX_HOSTS = 244  # host i has address .(10+i) of the cluster's /24
 # Runs argv under a fresh UTS namespace with the host's hostname ($1); argv is never a string.
 _HOSTNAME_EXEC = 'hostname "$1" && shift && exec "$@"'
 # A host without a shared filesystem: in its own mount namespace, a fresh tmpfs over /srv that
@@ -251,7 +254,9 @@ class Cluster:
                     proc.wait(timeout=10)
             remove_network(self.bridge, [h.veth for h in self.hosts],
                            [h.netns for h in self.hosts])
-            (REGISTRY / f"{self.prefix}.json").unlink(missing_ok=True)
+            with registry_lock():
+                (REGISTRY / f"{self.prefix}.json").unlink(missing_ok=True)
+                release_neigh_limits()  # the last cluster that raised them puts them back
         left = leftovers(self.prefix)
         if left:
             raise ClusterError(f"teardown of cluster {self.prefix} left {', '.join(left)}")
@@ -412,7 +417,8 @@ def _register(cluster: Cluster) -> None:
     record = {"prefix": cluster.prefix, "owner": os.getpid(),
               "owner_start": start_time(os.getpid()), "bridge": cluster.bridge,
               "netns": [h.netns for h in cluster.hosts], "veths": [h.veth for h in cluster.hosts],
-              "pid_files": [str(h.sshd_pid_file) for h in cluster.hosts]}
+              "pid_files": [str(h.sshd_pid_file) for h in cluster.hosts],
+              "neigh": len(cluster.hosts) >= NEIGH_FROM_HOSTS}  # it raises the ARP limits
     (REGISTRY / f"{cluster.prefix}.json").write_text(json.dumps(record))
     _LIVE[id(cluster)] = cluster
 
@@ -460,6 +466,15 @@ def start_cluster(n: int, workdir: Path, prefix: str | None = None, port: int = 
     Writes hosts.toml, ssh_config, known_hosts and the key pair into `workdir`. Use it as a
     context manager (`with start_cluster(2, d) as c:`) or call `teardown()`; an atexit hook
     and a per-cluster record under /run/ddpctl-cluster reap it if its owner dies.
+
+    Trap: the kernel's neighbour (ARP) table is one table for every network namespace, 1,024
+    entries by default (net.ipv4.neigh.default.gc_thresh3), and all-pairs traffic among n hosts
+    needs about (n+1)² of them: from about 32 hosts the kernel logs `neighbour: arp_cache:
+    neighbor table overflow!` and drops packets, which looks exactly like a firewall. So a
+    cluster of more than 8 hosts raises gc_thresh1..3 to fit every registered cluster
+    (cluster_sys.neigh_targets; never lowering one), saving the values it found in
+    /run/ddpctl-cluster/neigh-limits; the teardown (or the reaper) of the last such cluster
+    puts them back.
     """
     reason = unavailable_reason()
     if reason is not None:
@@ -475,6 +490,8 @@ def start_cluster(n: int, workdir: Path, prefix: str | None = None, port: int = 
         cluster = _plan(prefix, workdir, n, pick_network(), port, private, set(password_login))
         _register(cluster)
         try:
+            if n >= NEIGH_FROM_HOSTS:
+                raise_neigh_limits()
             cluster._create_network()
         except BaseException:
             cluster.teardown()

@@ -10,6 +10,7 @@ import secrets
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
@@ -188,34 +189,128 @@ def leftovers(prefix: str) -> list[str]:
     return found
 
 
+_THREAD_LOCK = threading.RLock()
+_lock_depth = 0  # how deep this process is inside registry_lock (the flock is taken once)
+
+
 @contextmanager
 def registry_lock() -> Iterator[None]:
-    """Serialise subnet picking and reaping across processes building clusters at once."""
-    REGISTRY.mkdir(parents=True, exist_ok=True)
-    with open(REGISTRY / "lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        yield
+    """Serialise subnet picking, registering, reaping and the ARP limits across processes building
+    or tearing down clusters at once. Reentrant within a process (a failed start tears down under it)."""
+    global _lock_depth
+    with _THREAD_LOCK:
+        if _lock_depth:
+            _lock_depth += 1
+            try:
+                yield
+            finally:
+                _lock_depth -= 1
+            return
+        REGISTRY.mkdir(parents=True, exist_ok=True)
+        with open(REGISTRY / "lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            _lock_depth = 1
+            try:
+                yield
+            finally:
+                _lock_depth = 0
+
+
+def cluster_records(registry: Path = REGISTRY) -> list[tuple[Path, dict[str, Any]]]:
+    """The registered clusters: each record file and its JSON (unreadable ones left out)."""
+    records = []
+    for record_file in sorted(registry.glob("*.json")):
+        try:
+            records.append((record_file, json.loads(record_file.read_text())))
+        except (OSError, ValueError):
+            continue
+    return records
+
+
+# -- the kernel's neighbour (ARP) table: one for all network namespaces -----------------------
+NEIGH = Path("/proc/sys/net/ipv4/neigh/default")
+NEIGH_KEYS = ("gc_thresh1", "gc_thresh2", "gc_thresh3")  # raised in reverse order, lowered in this
+NEIGH_SAVED = REGISTRY / "neigh-limits"  # not *.json: the reaper reads those as cluster records
+NEIGH_FROM_HOSTS = 9  # smaller clusters fit the default limits and leave them alone
+
+
+def neigh_limits() -> dict[str, int]:
+    """The current gc_thresh1..3 of net.ipv4.neigh.default."""
+    return {k: int((NEIGH / k).read_text()) for k in NEIGH_KEYS}
+
+
+def neigh_targets(sizes: Sequence[int]) -> dict[str, int]:
+    """Limits that fit clusters of these sizes up at once: all-pairs traffic among n hosts and this
+    machine needs about (n+1)² entries; gc_thresh3 (the hard cap) is 4x that, thresh2 (where the
+    periodic GC starts) half of it, thresh1 (below which nothing is collected) a quarter."""
+    need = 4 * sum((n + 1) ** 2 for n in sizes)
+    return {"gc_thresh1": need // 4, "gc_thresh2": need // 2, "gc_thresh3": need}
+
+
+def _write_neigh(values: dict[str, int], keys: Sequence[str]) -> None:
+    for k in keys:
+        if k in values:
+            try:
+                (NEIGH / k).write_text(str(values[k]))
+            except OSError as err:
+                raise ClusterError(f"cannot set net.ipv4.neigh.default.{k} = {values[k]}: {err} "
+                                   f"(run as root in the initial network namespace)") from None
+
+
+def raise_neigh_limits() -> None:
+    """Under registry_lock, once registered: raise the limits to fit every registered cluster at
+    once, never lowering one. The values found before the first raise go to NEIGH_SAVED (with the
+    values set), for release_neigh_limits."""
+    current = neigh_limits()
+    sizes = [len(record["netns"]) for _, record in cluster_records()]
+    wanted = {k: max(current[k], v) for k, v in neigh_targets(sizes).items()}
+    if wanted == current:
+        return
+    try:
+        original = json.loads(NEIGH_SAVED.read_text())["original"]
+    except (OSError, ValueError, KeyError):
+        original = current
+    NEIGH_SAVED.write_text(json.dumps({"original": original, "set": wanted}))
+    _write_neigh(wanted, NEIGH_KEYS[::-1])
+
+
+def release_neigh_limits() -> None:
+    """Under registry_lock: once no registered cluster asks for raised limits ("neigh" in its
+    record), put back the values saved before the first raise: those still at the value set (one
+    changed meanwhile by someone else is theirs)."""
+    try:
+        saved = json.loads(NEIGH_SAVED.read_text())
+    except OSError:
+        return
+    except ValueError:
+        saved = None
+    if any(record.get("neigh") for _, record in cluster_records()):
+        return
+    if saved is not None:
+        current = neigh_limits()
+        _write_neigh({k: v for k, v in saved["original"].items() if current.get(k) == saved["set"].get(k)},
+                     NEIGH_KEYS)
+    NEIGH_SAVED.unlink(missing_ok=True)
 
 
 def reap_stale_clusters(registry: Path = REGISTRY,
                         also: Callable[[dict[str, Any]], None] | None = None) -> list[str]:
     """Tear down clusters whose owning process died without cleaning up; return their prefixes.
     Their daemons live in their namespaces, so killing the namespaces' processes stops them all;
-    `also` cleans up what else a kind of cluster leaves (a Slurm cluster's cgroups)."""
+    `also` cleans up what else a kind of cluster leaves (a Slurm cluster's cgroups). Then the ARP
+    limits go back if no cluster that raised them is left."""
     reaped = []
-    for record_file in registry.glob("*.json"):
-        try:
-            record = json.loads(record_file.read_text())
-        except (OSError, ValueError):
-            continue
-        if start_time(record["owner"]) == record["owner_start"]:
-            continue
-        kill_netns(record["netns"])
-        remove_network(record["bridge"], record["veths"], record["netns"])
-        if also is not None:
-            also(record)
-        record_file.unlink(missing_ok=True)
-        reaped.append(record["prefix"])
+    with registry_lock():
+        for record_file, record in cluster_records(registry):
+            if start_time(record["owner"]) == record["owner_start"]:
+                continue
+            kill_netns(record["netns"])
+            remove_network(record["bridge"], record["veths"], record["netns"])
+            if also is not None:
+                also(record)
+            record_file.unlink(missing_ok=True)
+            reaped.append(record["prefix"])
+        release_neigh_limits()  # a dead owner's raised ARP limits go back too
     return reaped
 
 

@@ -215,6 +215,14 @@ def print_dry_run_limits(plan: LaunchPlan, checks: bool) -> None:
                       "CPUs/GPUs, selected GPUs present and free. "
                       f"`ddpctl doctor {plan.job.source or ''}` runs them.".replace(" .", "."),
                       markup=False)
+    job = plan.job
+    if len(plan.hosts) > 1 and job.slurm is None and not all(h.is_local for h in job.hosts):
+        unset = [] if job.rendezvous.master_addr else ["master_addr"]
+        unset += [v for v in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME") if job.rendezvous.pick_interfaces
+                  and not any(v in hl.env for hl in plan.hosts)]
+        if unset:
+            err_console.print(f"settled at launch from each host's own addresses and routes (the job leaves "
+                              f"them unset): {', '.join(unset)}; a launch prints what it picked", markup=False)
 
 
 def print_checks_failed(exc: ChecksFailed) -> None:

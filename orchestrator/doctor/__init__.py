@@ -6,7 +6,7 @@ import time
 from collections.abc import Callable
 
 from orchestrator.doctor.checks import CHECKS, run_checks
-from orchestrator.doctor.gather import close_all, open_sessions, run_probe
+from orchestrator.doctor.gather import close_all, open_sessions, run_probe, settle_addressing
 from orchestrator.doctor.model import (
     CheckStatus,
     DoctorContext,
@@ -40,8 +40,10 @@ def run_doctor(ctx: DoctorContext, pool: HostPool,
     finally:
         close_all([o.session for o in fan.succeeded.values()])
     phases = {"facts_s": gathered - started, "probe_s": time.monotonic() - gathered}
-    facts = {name: o.facts for name, o in fan.succeeded.items()}
-    obs = Observations(ctx=ctx, facts=facts, failed=fan.failed, probes=probes)
+    ctx, facts, addressing = settle_addressing(ctx, {name: o.facts for name, o in fan.succeeded.items()})
+    if addressing.picked:
+        notice(f"master_addr {addressing.master_addr}: {addressing.picked}")
+    obs = Observations(ctx=ctx, facts=facts, failed=fan.failed, probes=probes, addressing=addressing)
     return Report(hosts=[h.name for h in ctx.hosts], checks=[name for name, _ in CHECKS],
                   findings=run_checks(obs), unreachable=set(fan.failed),
                   elapsed_s=time.monotonic() - started, phases=phases)

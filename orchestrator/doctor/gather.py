@@ -11,11 +11,20 @@ import queue
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from inventory import Host
+from orchestrator.doctor.addressing import (
+    Addressing,
+    HostNet,
+    PickedInterfaces,
+    net_of,
+    pick_interfaces,
+    plan_addressing,
+)
 from orchestrator.doctor.model import DoctorContext, ProbeOutcome, ProbeResults
+from orchestrator.doctor.probeplan import dial_plan
 from orchestrator.errors import HostError, HostErrorKind
 from orchestrator.remote.agent import AgentEvent, AgentResult, AgentStream, Batched, agent_failed, start_agent
 from orchestrator.remote.pool import FanOut, HostPool
@@ -36,7 +45,7 @@ def facts_request(ctx: DoctorContext, host: Host, probe: bool,
         "python": host.python,
         "workdir": ctx.workdirs.get(host.name),
         "script": ctx.script,
-        "master_addr": ctx.master_addr,
+        "master_addr": ctx.master_addr if ctx.master_given else None,  # else: picked from the routes
         "master_port": ctx.master_port,
         "check_port": is_master,
         "env_names": sorted(ctx.env),
@@ -139,12 +148,20 @@ class Session:
 
 @dataclass
 class Listening:
-    """A host's probe listeners, as it reported them before its facts."""
+    """A host's probe listeners, as it reported them before its facts, with its network."""
 
     session: Session
     ports: dict[int, int | None]  # requested port -> bound port (None: busy)
-    source: str | None  # the address its route to the master leaves from (None: the master's own)
+    net: HostNet  # its interfaces and routes (and, for a named master_addr, its route's source)
     targets: list[Target] | None = None  # the CONNECT round sent to it (None: not yet)
+    sampled: str = ""  # how the round sampled the pairs ("" where it dialled them all)
+
+    @classmethod
+    def of(cls, session: Session, event: AgentEvent | AgentResult) -> Listening:
+        net = event.get("net") or {}
+        return cls(session, {int(p["requested"]): p.get("port") for p in event.get("ports", [])},
+                   HostNet(net.get("interfaces") or (), net.get("routes") or (), event.get("source"),
+                           event.get("master_ip")))
 
 
 @dataclass
@@ -205,9 +222,7 @@ def open_sessions(pool: HostPool, ctx: DoctorContext, probe: bool,
             threading.Thread(target=session.pump, daemon=True).start()
             try:
                 if rounds is not None:
-                    event = session.wait_for("listening", deadline)
-                    listening = Listening(session, {int(p["requested"]): p.get("port")
-                                                    for p in event.get("ports", [])}, event.get("source"))
+                    listening = Listening.of(session, session.wait_for("listening", deadline))
                     rounds.listened(host.name, listening)
                 event = session.wait_for("facts" if probe or hold else "result", deadline)
             except HostError:
@@ -231,36 +246,85 @@ class Target:
     purpose: str
 
 
-def probe_address(host: Host, listening: Listening | None, facts: HostFacts | None = None) -> str:
-    """The address peers dial: the source address of this host's route to the master, as it
-    reported it when it listened (else as its facts' routes show it), else its inventory address."""
-    return ((listening.source if listening is not None else None)
-            or (facts.route_source if facts is not None else None) or host.address)
+def addressing_of(ctx: DoctorContext, nets: Mapping[str, HostNet]) -> Addressing:
+    """master_addr and every host's dial address, from what the hosts reported (one rule for the
+    probe round, the checks and the launch: doctor/addressing.py)."""
+    return plan_addressing([h.name for h in ctx.hosts], ctx.master.name, ctx.master_addr, ctx.master_given,
+                           nets, {h.name: h.address for h in ctx.hosts})
 
 
-def plan_targets(ctx: DoctorContext, listening: Mapping[str, Listening],
+def settle_addressing(ctx: DoctorContext, facts: Mapping[str, HostFacts]
+                      ) -> tuple[DoctorContext, dict[str, HostFacts], Addressing]:
+    """The addressing the probe round used, from the facts (the same tables), and the context and
+    facts the checks read: where ddpctl picked master_addr, the context names it and each host's
+    facts carry its route there as if the host had resolved it."""
+    addressing = addressing_of(ctx, {name: net_of(hf) for name, hf in facts.items()})
+    if ctx.master_given or not addressing.picked:  # named, or nothing to pick from: as it was
+        return ctx, dict(facts), addressing
+    ctx = replace(ctx, master_addr=addressing.master_addr, master_picked=addressing.picked)
+    settled = {}
+    for name, hf in facts.items():
+        route = addressing.routes.get(name)
+        resolution = {"master": [{"family": "inet6" if ":" in ctx.master_addr else "inet",
+                                  "address": ctx.master_addr}],
+                      "routes": {ctx.master_addr: route.to_fact() if route is not None else
+                                 {"error": f"no route to {ctx.master_addr}"}}}
+        settled[name] = replace(hf, facts={**hf.facts, "resolution": resolution},
+                                errors={k: v for k, v in hf.errors.items() if k != "resolution"})
+    return ctx, settled, addressing
+
+
+def settle_interfaces(ctx: DoctorContext, facts: Mapping[str, HostFacts],
+                      addressing: Addressing) -> dict[str, PickedInterfaces]:
+    """Per host, the GLOO/NCCL_SOCKET_IFNAME ddpctl sets where the job leaves them unset and the
+    library's own choice would fail across hosts (none on one host, or with pick_interfaces off)."""
+    if ctx.local_only or len(ctx.hosts) < 2 or not ctx.pick_interfaces:
+        return {}
+    out = {}
+    for host in ctx.hosts:
+        hf = facts.get(host.name)
+        if hf is None:
+            continue
+        picked = pick_interfaces(ctx.host_env(host, hf.get("env") or {}), hf, addressing.routes.get(host.name))
+        if picked is not None:
+            out[host.name] = picked
+    return out
+
+
+def plan_targets(ctx: DoctorContext, listening: Mapping[str, Listening], addressing: Addressing,
                  job_holds_master: bool = False) -> list[Target]:
-    """Each host's ephemeral listener, and the master port where the probe listens on it (or,
-    `job_holds_master`, where the running job's rendezvous store does)."""
+    """Each host's ephemeral listener at the address it reported (its route's source toward the
+    master; the master's own address for the master), and the master port where the probe listens
+    on it (or, `job_holds_master`, where the running job's rendezvous store does)."""
     targets = []
     for host in ctx.hosts:
         if host.name not in listening:
             continue
         ports = listening[host.name].ports
+        address = addressing.dial.get(host.name, host.address)
         if ports.get(0):
-            targets.append(Target(host.name, probe_address(host, listening[host.name]),
-                                  int(ports[0] or 0), "ephemeral"))
+            targets.append(Target(host.name, address, int(ports[0] or 0), "ephemeral"))
         held = job_holds_master and host.name == ctx.master.name
         if ctx.master_port is not None and (ports.get(ctx.master_port) or held):
-            targets.append(Target(host.name, ctx.master_addr, ctx.master_port, "master_port"))
+            targets.append(Target(host.name, address, ctx.master_port, "master_port"))
     return targets
 
 
-def send_round(ctx: DoctorContext, listening: Mapping[str, Listening], job_holds_master: bool) -> None:
-    """Each listening host dials every other host's listeners (one CONNECT line each)."""
-    targets = plan_targets(ctx, listening, job_holds_master)
+def send_round(ctx: DoctorContext, listening: Mapping[str, Listening], job_holds_master: bool,
+               everyone: Mapping[str, Listening] | None = None) -> None:
+    """Each listening host dials the others' listeners as the dial plan says (every other host,
+    or above probeplan.EXACT_UP_TO hosts a covering sample), one CONNECT line each; the addresses
+    come from every host's network (`everyone`: all that listened, default these)."""
+    everyone = everyone or listening
+    nets = {name: ln.net for name, ln in everyone.items()}
+    addressing = addressing_of(ctx, nets)
+    targets = plan_targets(ctx, everyone, addressing, job_holds_master)
+    names = [h.name for h in ctx.hosts if h.name in everyone]
+    plan = dial_plan(names, ctx.master.name, {n: nets[n].subnet(addressing.dial.get(n, "")) for n in names})
     for name, ln in listening.items():
-        ln.targets = [t for t in targets if t.host != name]
+        dials = set(plan.peers.get(name, ()))
+        ln.targets = [t for t in targets if t.host != name and t.host in dials]
+        ln.sampled = plan.sampled
         ln.session.send("CONNECT", {"targets": [f"{_bracket(t.address)}:{t.port}" for t in ln.targets],
                                     "timeout": ctx.connect_timeout_s})
 
@@ -278,11 +342,13 @@ def run_probe(ctx: DoctorContext, opened: dict[str, Opened], job_holds_master: b
     late = {name: o.listening for name, o in opened.items()
             if o.listening is not None and o.listening.targets is None}
     if late:
-        send_round(ctx, late, job_holds_master)
+        send_round(ctx, late, job_holds_master,
+                   {name: o.listening for name, o in opened.items() if o.listening is not None})
     deadline = time.monotonic() + ctx.connect_timeout_s * 2 + 30
     for name, o in opened.items():
         if o.listening is None or o.listening.targets is None:
             continue
+        out.sampled = out.sampled or o.listening.sampled
         try:
             results = o.session.wait_for("connected", deadline).get("results", [])
         except HostError as err:
@@ -290,7 +356,8 @@ def run_probe(ctx: DoctorContext, opened: dict[str, Opened], job_holds_master: b
             continue
         out.outcomes += [ProbeOutcome(name, t.host, t.address, t.port, t.purpose,
                                       bool(r.get("ok")), str(r.get("kind")),
-                                      str(r.get("error") or ""))
+                                      str(r.get("error") or ""), int(r.get("attempts") or 1),
+                                      tuple(float(w) for w in r.get("waited_ms") or ()))
                          for t, r in zip(o.listening.targets, results, strict=False)
                          if t.host in opened]  # a host that failed after it listened is reported as such
     master = opened.get(ctx.master.name)

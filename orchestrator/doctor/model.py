@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from inventory import Host
+from orchestrator.doctor.addressing import Addressing
 from orchestrator.errors import HostError
 from orchestrator.remote.wire import HostFacts
 
@@ -58,7 +59,7 @@ class DoctorContext:
     env: Mapping[str, str] = field(default_factory=dict)  # the job's env (wins over the host's)
     nproc_per_node: object = 1
     rdzv_backend: str = "static"  # "c10d" looks every host's own hostname up
-    connect_timeout_s: float = 3.0
+    connect_timeout_s: float = 4.0  # the probe's bound per pair, retries included
     timeout_s: float = 120.0
     use_cache: bool = True  # hosts may reuse torch facts cached under an exact key
     session: str = "non-interactive SSH session"  # what runs the launch on a host (fixes name it)
@@ -67,6 +68,16 @@ class DoctorContext:
     # (every host's copy must match it, not only each other).
     sync_command: str | None = None
     script_sha256: str | None = None
+    # False: the job names no master_addr, so it is picked from the master's routes
+    # (doctor/addressing.py; `master_addr` is the inventory's address until then), and
+    # `master_picked` says how it was once picked
+    master_given: bool = True
+    master_picked: str = ""
+    pick_interfaces: bool = True  # [rendezvous] pick_interfaces (GLOO/NCCL_SOCKET_IFNAME)
+
+    @property
+    def local_only(self) -> bool:
+        return all(h.is_local for h in self.hosts)
 
     def host_env(self, host: Host, host_facts_env: Mapping[str, str]) -> dict[str, str]:
         """The env a launched process sees: host env < inventory env < job env."""
@@ -85,6 +96,8 @@ class ProbeOutcome:
     ok: bool
     kind: str  # ok / refused / timeout / unreachable / unresolved / error / not_listening
     error: str = ""
+    attempts: int = 1  # dials made (a timed-out dial is retried within the probe's bound)
+    waited_ms: tuple[float, ...] = ()  # how long each failed dial waited
 
 
 @dataclass
@@ -92,6 +105,7 @@ class ProbeResults:
     outcomes: list[ProbeOutcome] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)  # purpose -> why not run
     errors: dict[str, str] = field(default_factory=dict)  # host -> probe agent failure
+    sampled: str = ""  # how the dials were sampled (doctor/probeplan.py); "" where all pairs were
 
 
 @dataclass(frozen=True)
@@ -102,6 +116,7 @@ class Observations:
     facts: Mapping[str, HostFacts]
     failed: Mapping[str, HostError]
     probes: ProbeResults
+    addressing: Addressing | None = None  # where the hosts are dialled (settle_addressing)
 
 
 @dataclass

@@ -31,7 +31,8 @@ def plan_job(job: Job, backend: Backend, options: LaunchOptions | None = None, *
     resolved = backend.resolve(job, options, notice, settle)
     if resolved.hosts is not None:
         job = replace(job, hosts=resolved.hosts)
-    return build_plan(job, new_job_id(job.name), resolved.nprocs, resolved.master_port, inline)
+    return build_plan(job, new_job_id(job.name), resolved.nprocs, resolved.master_port, inline,
+                      master_addr=resolved.master_addr, picked_env=resolved.env)
 
 
 def run_plan(plan: LaunchPlan, backend: Backend, observer: Observer,

@@ -105,20 +105,24 @@ def _bracket(addr: str) -> str:
     return f"[{addr}]" if ":" in addr else addr
 
 
-def host_env(job: Job, host: Host, job_id: str) -> dict[str, str]:
+def host_env(job: Job, host: Host, job_id: str, picked: Mapping[str, str] | None = None) -> dict[str, str]:
     """Host env < job env; a host's `gpus = [0, 2]` then sets CUDA_VISIBLE_DEVICES (an explicit
-    one naming other GPUs is refused before: inventory.gpus)."""
-    env = {**host.env, **job.env}
+    one naming other GPUs is refused before: inventory.gpus). `picked`: the interface variables
+    ddpctl settled for this host (only ones the job leaves unset)."""
+    env = {**(picked or {}), **host.env, **job.env}
     env.update(selection_env(host, env))
     env["DDPCTL_JOB_ID"] = job_id
     return env
 
 
 def build_plan(job: Job, job_id: str, nprocs: Mapping[str, int], master_port: int,
-               inline: InlineProgram | None = None) -> LaunchPlan:
+               inline: InlineProgram | None = None, *, master_addr: str | None = None,
+               picked_env: Mapping[str, Mapping[str, str]] | None = None) -> LaunchPlan:
     """One HostLaunch per selected host, in node-rank order. `nprocs` is resolved per host;
-    `inline` replaces the job's script with a program shipped on the command line."""
-    master_addr = "127.0.0.1" if all(h.is_local for h in job.hosts) else job.master_address
+    `inline` replaces the job's script with a program shipped on the command line; `master_addr`
+    and `picked_env` (per host) are what the hosts' routes settled (doctor/addressing.py)."""
+    if master_addr is None:
+        master_addr = "127.0.0.1" if all(h.is_local for h in job.hosts) else job.master_address
     if job.slurm is not None:
         master_addr = f"${SLURM_RDZV_ENV}"
     launches = []
@@ -128,7 +132,8 @@ def build_plan(job: Job, job_id: str, nprocs: Mapping[str, int], master_port: in
             host=host, node_rank=rank, nproc=nproc,
             launcher=tuple(launcher_argv(job, host, rank, nproc, master_addr, master_port, job_id,
                                          inline=inline is not None)),
-            program=tuple(program_argv(job, host, inline)), env=host_env(job, host, job_id),
+            program=tuple(program_argv(job, host, inline)),
+            env=host_env(job, host, job_id, (picked_env or {}).get(host.name)),
             cwd=job.workdir_for(host), wrapped=inline is None,
         ))
     return LaunchPlan(job=job, job_id=job_id, master_addr=master_addr, master_port=master_port,

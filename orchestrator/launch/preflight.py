@@ -6,15 +6,25 @@ starts in the session that checked it (one SSH session per host, the agent shipp
 
 from __future__ import annotations
 
+import ipaddress
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from inventory import ConfigError, Job
+from inventory.fields import is_ip_address
 from inventory.gpus import declared_gpus, selection
+from orchestrator.doctor.addressing import Addressing, PickedInterfaces
 from orchestrator.doctor.checks import run_checks
 from orchestrator.doctor.context import from_job
-from orchestrator.doctor.gather import Session, close_all, open_sessions, run_probe
+from orchestrator.doctor.gather import (
+    Session,
+    close_all,
+    open_sessions,
+    run_probe,
+    settle_addressing,
+    settle_interfaces,
+)
 from orchestrator.doctor.model import CheckStatus, Finding, Observations, ProbeResults
 from orchestrator.errors import HostError, HostErrorKind, HostsFailed, LaunchBlocked
 from orchestrator.launch.master_port import Holder, judge
@@ -23,8 +33,11 @@ from orchestrator.remote.pool import HostPool
 from orchestrator.remote.wire import HostFacts, parse_report
 
 LAUNCH_FACTS = ("cpu_count", "gpu_count", "python", "workdir", "master_port", "free_port")
-# What the pre-launch checks read, on top of LAUNCH_FACTS (no torch import: it costs seconds).
-CHECK_FACTS = ("script", "resolution", "interfaces", "env", "hostname_resolution")
+# What a job on several hosts reads, checks or not: each host's network, from which master_addr
+# and the interfaces are settled (doctor/addressing.py), and the env its processes will see.
+NET_FACTS = ("resolution", "interfaces", "routes", "env", "hostname_resolution")
+# What the pre-launch checks read, on top of those (no torch import: it costs seconds).
+CHECK_FACTS = ("script",)
 # nvidia-smi's GPUs and their processes, read only when a host selects GPUs (`gpus = [0, 2]`): the
 # gpu check then judges the selection (indices that exist, GPUs another process uses).
 SELECTION_FACTS = ("gpus",)
@@ -52,6 +65,8 @@ class Preflight:
     findings: list[Finding] = field(default_factory=list)
     phases: dict[str, float] = field(default_factory=dict)  # facts_s, probe_s, checks_s
     sessions: dict[str, Session] = field(default_factory=dict)  # held (gather's `hold`), by host
+    addressing: Addressing | None = None  # master_addr as settled from the hosts' routes
+    interfaces: dict[str, PickedInterfaces] = field(default_factory=dict)  # what ddpctl sets, per host
 
     @property
     def errors(self) -> list[Finding]:
@@ -80,10 +95,11 @@ def gather(job: Job, pool: HostPool, checks: bool = True, hold: bool = False) ->
             raise HostsFailed("pre-flight", list(fan.failed.values()))
         probes = run_probe(ctx, fan.succeeded) if probe else ProbeResults()
         probed = time.monotonic()
-        facts = {name: o.facts for name, o in fan.succeeded.items()}
-        findings = run_checks(Observations(ctx, facts, {}, probes), LAUNCH_CHECKS) if checks else []
+        ctx, facts, addressing = settle_addressing(ctx, {name: o.facts for name, o in fan.succeeded.items()})
+        findings = run_checks(Observations(ctx, facts, {}, probes, addressing), LAUNCH_CHECKS) if checks else []
         pre = Preflight(facts, findings, {"facts_s": gathered - started, "probe_s": probed - gathered,
-                                          "checks_s": time.monotonic() - probed}, sessions if hold else {})
+                                          "checks_s": time.monotonic() - probed}, sessions if hold else {},
+                        addressing if len(job.hosts) > 1 else None, settle_interfaces(ctx, facts, addressing))
         if pre.errors:
             raise ChecksFailed(pre.findings)
         for host in job.hosts:
@@ -101,12 +117,23 @@ def gather(job: Job, pool: HostPool, checks: bool = True, hold: bool = False) ->
             close_all(list(sessions.values()))  # also frees the probe's listeners
 
 
+def needs_hosts(job: Job) -> bool:
+    """Only the hosts can tell the master's address: the job names none and the master's inventory
+    address is a name (it may not resolve on the hosts) or loopback (this machine)."""
+    if len(job.hosts) < 2 or job.rendezvous.master_addr is not None or all(h.is_local for h in job.hosts):
+        return False
+    address = job.master_host.address
+    return not is_ip_address(address) or ipaddress.ip_address(address).is_loopback
+
+
 def launch_facts(job: Job, checks: bool) -> tuple[str, ...]:
-    """The sub-facts the launch asks every host for: nvidia-smi only where a host selects GPUs."""
+    """The sub-facts the launch asks every host for: the network where the job spans hosts;
+    nvidia-smi only where a host selects GPUs."""
+    net = NET_FACTS if len(job.hosts) > 1 or checks else ()
     if not checks:
-        return LAUNCH_FACTS
+        return LAUNCH_FACTS + net
     selects = any(selection(h) is not None for h in job.hosts)
-    return LAUNCH_FACTS + CHECK_FACTS + (SELECTION_FACTS if selects else ())
+    return LAUNCH_FACTS + net + CHECK_FACTS + (SELECTION_FACTS if selects else ())
 
 
 def resolve_nprocs(job: Job, facts: Mapping[str, HostFacts]) -> dict[str, int]:

@@ -98,7 +98,7 @@ class RendezvousWatch:
         waiting = self.waiting()
         lines = [f"the ranks did not all join within {self.timeout:.0f}s: {stage} never completed"]
         lines += [f"  {host}: {how}" for host, how in waiting.items()]
-        ctx = from_job(plan.job, master_port=plan.master_port)
+        ctx = from_job(plan.job, master_port=plan.master_port, master_addr=plan.master_addr)
         findings = probe_findings(Observations(ctx, {}, {}, probes))
         if findings:
             lines.append("re-probe of the master port and the ports between the hosts (as ddpctl doctor does):")

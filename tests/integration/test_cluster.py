@@ -16,9 +16,12 @@ from tests.cluster import Cluster, leftovers, start_cluster
 from tests.cluster_sys import (
     NETWORK,
     REGISTRY,
+    cluster_records,
+    neigh_limits,
     pid_alive,
     read_pid,
     reap_stale_clusters,
+    registry_lock,
     wait_until,
 )
 
@@ -285,3 +288,18 @@ def test_cluster_of_a_dead_owner_is_reaped(cluster_available: None, tmp_path: Pa
     assert leftovers(prefix) == []
     assert sshd is not None
     assert not pid_alive(sshd)
+
+
+def test_a_large_cluster_raises_the_arp_table_limits_until_torn_down(cluster_available: None,
+                                                                     tmp_path: Path) -> None:
+    # Under the registry lock no other process's cluster comes or goes meanwhile (it is reentrant).
+    with registry_lock():
+        others_raised = any(record.get("neigh") for _, record in cluster_records())
+        before = neigh_limits()
+        with start_cluster(12, tmp_path):
+            during = neigh_limits()
+        after = neigh_limits()
+    assert during["gc_thresh3"] >= max(4 * 13**2, before["gc_thresh3"])
+    assert during["gc_thresh2"] >= max(2 * 13**2, before["gc_thresh2"])
+    assert during["gc_thresh1"] >= max(13**2, before["gc_thresh1"])  # above the default 128
+    assert after == (during if others_raised else before)  # the last large cluster restores them

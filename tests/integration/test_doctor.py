@@ -29,7 +29,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         yield c
 
 
-def write_job(cluster: Cluster, env: dict[str, str], python: str | None = None) -> Path:
+def write_job(cluster: Cluster, env: dict[str, str], python: str | None = None, pick: bool = True) -> Path:
     jobdir = cluster.workdir / "job"
     jobdir.mkdir(exist_ok=True)
     (jobdir / "train.py").write_text("print('train')\n")
@@ -43,13 +43,13 @@ def write_job(cluster: Cluster, env: dict[str, str], python: str | None = None) 
     job = jobdir / "job.toml"
     job.write_text(f'inventory = {json.dumps(str(inventory))}\n[job]\nname = "doc"\n'
                    f'script = "train.py"\n[rendezvous]\nmaster_port = {MASTER_PORT}\n'
-                   f"[env]\n{env_lines}\n")
+                   + ("" if pick else "pick_interfaces = false\n") + f"[env]\n{env_lines}\n")
     return job
 
 
 def doctor(cluster: Cluster, env: dict[str, str] | None = None, python: str | None = None,
-           *extra: str) -> tuple[int, dict[str, Any]]:
-    job = write_job(cluster, CLEAN_ENV if env is None else env, python)
+           *extra: str, pick: bool = True) -> tuple[int, dict[str, Any]]:
+    job = write_job(cluster, CLEAN_ENV if env is None else env, python, pick)
     result = runner.invoke(app, ["doctor", str(job), "--json", "--ssh-config",
                                  str(cluster.ssh_config), "--connect-timeout", "5", *extra])
     try:
@@ -111,17 +111,21 @@ def test_nccl_socket_ifname_naming_a_missing_interface(cluster: Cluster) -> None
     assert "NCCL_SOCKET_IFNAME=eth0" in bad[0]["fix"]
 
 
-def test_a_docker_like_interface_is_a_warning_when_ifname_is_unset(cluster: Cluster) -> None:
+def test_a_docker_like_interface_with_ifname_unset_is_pinned_away_or_else_a_warning(cluster: Cluster) -> None:
     cluster.add_dummy_interface(1, "virbr0", "192.168.122.1/24")
     env = {k: v for k, v in CLEAN_ENV.items() if k != "NCCL_SOCKET_IFNAME"}
     try:
-        code, data = doctor(cluster, env)
-        strict_code, _ = doctor(cluster, env, None, "--strict")
+        code, data = doctor(cluster, env, None, "--strict")
+        off, off_data = doctor(cluster, env, pick=False)
+        off_strict, _ = doctor(cluster, env, None, "--strict", pick=False)
     finally:
         cluster.run_in(1, ["ip", "link", "del", "virbr0"])
-    warned = [f for f in findings(data, "ifname", "warn") if "virbr0" in f["message"]]
+    pinned = [f for f in findings(data, "ifname", "info") if "virbr0" in f["message"]]
+    assert [f["host"] for f in pinned] == ["node1"] and code == 0
+    assert "ddpctl sets NCCL_SOCKET_IFNAME==eth0 on node1" in pinned[0]["message"]
+    warned = [f for f in findings(off_data, "ifname", "warn") if "virbr0" in f["message"]]
     assert [f["host"] for f in warned] == ["node1"]
-    assert (code, strict_code) == (0, 1)
+    assert (off, off_strict) == (0, 1)
 
 
 def test_a_listener_squatting_on_the_master_port(cluster: Cluster) -> None:

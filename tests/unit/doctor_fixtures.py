@@ -32,6 +32,8 @@ def clean_facts(i: int) -> dict[str, Any]:
             {"name": "eth0", "up": True, "addresses": [{"family": "inet", "address": addr,
                                                         "prefixlen": 24, "scope": "global"}]},
         ],
+        "routes": [{"dst": "default", "dev": "eth0", "src": None, "gateway": "198.18.0.1", "metric": 0},
+                   {"dst": "198.18.0.0/24", "dev": "eth0", "src": addr, "gateway": None, "metric": 0}],
         "resolution": {"master": [{"family": "inet", "address": "198.18.0.10"}],
                        "routes": {"198.18.0.10": {"dev": "lo" if local else "eth0",
                                                   "src": addr, "gateway": None,

@@ -210,7 +210,8 @@ def with_iface(extra: dict[str, Any], i: int = 1) -> dict[str, Any]:
 ])
 def test_nccl_socket_ifname(env: dict[str, str], changes: dict[str, Any], status: CheckStatus,
                             text: str) -> None:
-    findings = ifname.check(observe({1: changes}, env={"GLOO_SOCKET_IFNAME": "eth0", **env}))
+    findings = ifname.check(observe({1: changes}, env={"GLOO_SOCKET_IFNAME": "eth0", **env},
+                                    pick_interfaces=False))
     f = next(f for f in findings if f.host == "node1" and "NCCL" in f.message)
     assert (f.status, text in f.message) == (status, True), f
     if status != OK:
@@ -231,14 +232,17 @@ def test_the_master_suggests_its_real_interface_not_lo() -> None:
     ({"GLOO_SOCKET_IFNAME": "eth0,docker0"}, with_iface(DOCKER0), FAIL, "docker0 (172.17.0.1/16) does not"),
     ({"GLOO_SOCKET_IFNAME": "eth1"}, with_iface(ETH1_UP_ROUTED), OK, "up with an address"),
     ({"GLOO_SOCKET_IFNAME": "eth1"}, with_iface(ETH1_DOWN), FAIL, "down"),
-    ({}, {"hostname_resolution": [{"family": "inet", "address": "127.0.1.1"}]}, WARN,
+    ({}, {"hostname_resolution": [{"family": "inet", "address": "127.0.1.1"}]}, FAIL,
      "resolves to 127.0.1.1"),
-    ({}, {"hostname_resolution": []}, WARN, "does not resolve"),
+    ({}, {"hostname_resolution": []}, FAIL, "does not resolve"),
     ({}, {}, INFO, "Gloo uses node1 -> 198.18.0.11"),
 ])
 def test_gloo_socket_ifname(env: dict[str, str], changes: dict[str, Any], status: CheckStatus,
                             text: str) -> None:
-    findings = ifname.check(observe({1: changes}, env={"NCCL_SOCKET_IFNAME": "eth0", **env}))
+    """With pick_interfaces off, what Gloo would do alone: a loopback or unresolvable hostname is
+    a certain failure on a multi-host job."""
+    findings = ifname.check(observe({1: changes}, env={"NCCL_SOCKET_IFNAME": "eth0", **env},
+                                    pick_interfaces=False))
     f = next(f for f in findings if f.host == "node1" and "GLOO" in f.message)
     assert (f.status, text in f.message) == (status, True), f
 

@@ -7,28 +7,35 @@ import queue
 import time
 from typing import Any
 
-import pytest
-from doctor_fixtures import HOSTS, context, host_facts
+from doctor_fixtures import HOSTS, clean_facts, context
 
-from orchestrator.doctor.gather import Listening, ProbeRound, Session, facts_request, plan_targets, probe_address
+from orchestrator.doctor.addressing import HostNet
+from orchestrator.doctor.gather import (
+    Listening,
+    ProbeRound,
+    Session,
+    Target,
+    addressing_of,
+    facts_request,
+    plan_targets,
+)
 from orchestrator.remote.agent import AgentEvent
 
 
-@pytest.mark.parametrize(("routes", "expected"), [
-    ({"198.18.0.10": {"dev": "eth0", "src": "198.18.0.11", "type": None}}, "198.18.0.11"),
-    ({"198.18.0.10": {"dev": "lo", "src": "198.18.0.10", "type": "local"}}, "198.18.0.11"),
-    ({"198.18.0.10": {"error": "no route"}}, "198.18.0.11"),
-    ({}, "198.18.0.11"),
-])
-def test_without_a_reported_source_peers_dial_the_facts_route_source(routes: dict[str, Any],
-                                                                     expected: str) -> None:
-    facts = host_facts("node1", {"resolution": {"master": [], "routes": routes}})
-    assert probe_address(HOSTS[1], None, facts) == expected
+def net(i: int, source: str | None = None) -> HostNet:
+    f = clean_facts(i)
+    return HostNet(f["interfaces"], f["routes"], source)
 
 
 def test_peers_dial_the_source_address_the_host_reported_when_it_listened() -> None:
-    assert probe_address(HOSTS[1], Listening(None, {0: 40001}, "198.19.0.7")) == "198.19.0.7"  # type: ignore[arg-type]
-    assert probe_address(HOSTS[1], Listening(None, {0: 40001}, None)) == "198.18.0.11"  # type: ignore[arg-type]
+    nets = {"node0": net(0), "node1": net(1, "198.19.0.7"), "node2": net(2)}
+    dial = addressing_of(context(), nets).dial
+    assert dial == {"node0": "198.18.0.10", "node1": "198.19.0.7", "node2": "198.18.0.12"}
+
+
+def test_without_a_reported_network_a_host_is_dialled_at_its_inventory_address() -> None:
+    dial = addressing_of(context(), {"node0": net(0), "node1": HostNet()}).dial
+    assert dial["node1"] == "198.18.0.11" and dial["node2"] == "198.18.0.12"
 
 
 class Recorder:
@@ -42,22 +49,27 @@ class Recorder:
 
 
 def listening(ports: dict[int, dict[int, int | None]]) -> dict[str, Listening]:
-    return {h.name: Listening(Recorder(), ports[i], h.address)  # type: ignore[arg-type]
+    return {h.name: Listening(Recorder(), ports[i], net(i))  # type: ignore[arg-type]
             for i, h in enumerate(HOSTS) if i in ports}
 
 
+def plan(ports: dict[int, dict[int, int | None]], job_holds_master: bool = False) -> list[Target]:
+    ln = listening(ports)
+    return plan_targets(context(), ln, addressing_of(context(), {n: x.net for n, x in ln.items()}),
+                        job_holds_master)
+
+
 def test_every_listener_is_a_target_and_the_master_port_only_when_bound() -> None:
-    targets = plan_targets(context(), listening({0: {0: 40000, 29500: 29500}, 1: {0: 40001},
-                                                 2: {0: 40002}}))
+    targets = plan({0: {0: 40000, 29500: 29500}, 1: {0: 40001}, 2: {0: 40002}})
     assert [(t.host, t.address, t.port, t.purpose) for t in targets] == [
         ("node0", "198.18.0.10", 40000, "ephemeral"),
         ("node0", "198.18.0.10", 29500, "master_port"),
         ("node1", "198.18.0.11", 40001, "ephemeral"),
         ("node2", "198.18.0.12", 40002, "ephemeral"),
     ]
-    busy = plan_targets(context(), listening({0: {0: 40000, 29500: None}, 1: {0: 40001}}))
+    busy = plan({0: {0: 40000, 29500: None}, 1: {0: 40001}})
     assert [t.purpose for t in busy] == ["ephemeral", "ephemeral"]
-    held = plan_targets(context(), listening({0: {0: 40000}, 1: {0: 40001}}), job_holds_master=True)
+    held = plan({0: {0: 40000}, 1: {0: 40001}}, job_holds_master=True)
     assert [(t.host, t.port) for t in held] == [("node0", 40000), ("node0", 29500), ("node1", 40001)]
 
 

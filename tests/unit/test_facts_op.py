@@ -186,7 +186,7 @@ def test_the_facts_session_dials_as_soon_as_told_while_it_still_gathers_its_fact
 
 @pytest.mark.parametrize("master", ["", "127.0.0.1", "localhost", "::1"])
 def test_no_source_address_toward_a_master_on_this_host(master: str) -> None:
-    assert probe.source_toward(master) is None
+    assert (probe.source_toward(master) or ("",))[0] == ""
 
 
 LAUNCH_SELECT = ["cpu_count", "gpu_count", "python", "workdir", "master_port", "free_port"]

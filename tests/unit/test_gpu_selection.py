@@ -17,6 +17,7 @@ from orchestrator.launch.plan import build_plan
 from orchestrator.launch.preflight import (
     CHECK_FACTS,
     LAUNCH_FACTS,
+    NET_FACTS,
     launch_facts,
     resolve_nprocs,
     static_nprocs,
@@ -187,7 +188,7 @@ def test_a_dry_run_needs_no_host_where_the_inventory_gives_every_hosts_gpus() ->
 
 def test_the_launch_reads_nvidia_smi_only_where_a_host_selects_gpus() -> None:
     assert "gpus" in launch_facts(make_job((A, PLAIN)), checks=True)
-    assert launch_facts(make_job((PLAIN,)), checks=True) == LAUNCH_FACTS + CHECK_FACTS
+    assert launch_facts(make_job((PLAIN,)), checks=True) == LAUNCH_FACTS + NET_FACTS + CHECK_FACTS
     assert launch_facts(make_job((A,)), checks=False) == LAUNCH_FACTS
 
 

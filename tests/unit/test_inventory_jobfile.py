@@ -12,6 +12,7 @@ from inventory import (
     LOCALHOST,
     ConfigError,
     JobOverrides,
+    apply_overrides,
     load_job,
     parse_env_assignment,
 )
@@ -190,3 +191,18 @@ def test_rendezvous_join_timeout_is_read_and_bounded(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as err:
         load_job(job)
     assert (err.value.key, err.value.line) == ("rendezvous.join_timeout", 5)
+
+
+def test_pick_interfaces_is_on_unless_the_job_turns_it_off_and_survives_overrides(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text("")
+    job = tmp_path / "job.toml"
+    job.write_text('[job]\nname = "j"\nscript = "train.py"\n')
+    assert load_job(job).rendezvous.pick_interfaces is True
+    job.write_text('[job]\nname = "j"\nscript = "train.py"\n[rendezvous]\npick_interfaces = false\n')
+    off = load_job(job)
+    assert off.rendezvous.pick_interfaces is False
+    assert apply_overrides(off, JobOverrides(master_port=29600)).rendezvous.pick_interfaces is False
+    job.write_text('[job]\nname = "j"\nscript = "train.py"\n[rendezvous]\npick_interfaces = "no"\n')
+    with pytest.raises(ConfigError) as err:
+        load_job(job)
+    assert (err.value.key, err.value.line) == ("rendezvous.pick_interfaces", 5)

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import ipaddress
 from collections import defaultdict
 from typing import Any
 
+from orchestrator.doctor.addressing import HostNet
 from orchestrator.doctor.checks.base import fail, info, listing, ok, skip, warn
 from orchestrator.doctor.model import Finding, Observations, ProbeOutcome
 from orchestrator.remote.wire import HostFacts
@@ -15,11 +15,7 @@ CHECK = "firewall"
 
 def subnet_of(hf: HostFacts | None, address: str) -> str:
     """The CIDR of the interface holding `address` on that host, else the /32 itself."""
-    for iface in (hf.get("interfaces") or []) if hf else []:
-        for a in iface.get("addresses") or []:
-            if a.get("address") == address and a.get("prefixlen") is not None:
-                return str(ipaddress.ip_interface(f"{address}/{a['prefixlen']}").network)
-    return address
+    return HostNet(hf.get("interfaces") or () if hf else ()).subnet(address)
 
 
 def static_evidence(hf: HostFacts, port: int | None) -> list[str]:
@@ -41,23 +37,45 @@ def static_evidence(hf: HostFacts, port: int | None) -> list[str]:
 
 
 def blame(outcome: ProbeOutcome, obs: Observations) -> str:
-    """The host whose firewall most likely dropped it: the target unless only the source has rules."""
+    """The host whose firewall most likely dropped it: the target, unless only the source has
+    rules, or the source reached no peer at all while the others reached this target (its own
+    outbound traffic is what is blocked)."""
     target, source = obs.facts.get(outcome.target_host), obs.facts.get(outcome.source)
     if target and static_evidence(target, outcome.port):
         return outcome.target_host
     if source and static_evidence(source, outcome.port):
         return outcome.source
+    mine = [o for o in obs.probes.outcomes if o.source == outcome.source]
+    others_reach = any(o.ok for o in obs.probes.outcomes
+                       if o.target_host == outcome.target_host and o.source != outcome.source)
+    if len(mine) > 1 and not any(o.ok for o in mine) and others_reach:
+        return outcome.source
     return outcome.target_host
 
 
+BLOCKED = ("timeout", "refused")  # the only probe outcomes that a firewall explains
+
+
+def attempts_text(o: ProbeOutcome) -> str:
+    """`timeout (6 attempts over 4.0s, each waited 4.0/3.5/3.0/2.5/2.0/1.0s)`."""
+    if o.attempts <= 1 and not o.waited_ms:
+        return o.kind
+    waits = "/".join(f"{w / 1000:.1f}" for w in o.waited_ms)
+    return f"{o.kind} ({o.attempts} attempt{'s' if o.attempts != 1 else ''}" + (
+        f", each waited {waits}s)" if waits else ")")
+
+
 def probe_findings(obs: Observations) -> list[Finding]:
+    """A port is blocked where every dial timed out (each retried within the probe's bound) or was
+    refused; any other failure (a name that does not resolve, no route) is not a firewall's doing
+    and is reported as what it is (unreached_findings)."""
     grouped: dict[tuple[str, str], list[ProbeOutcome]] = defaultdict(list)
     for o in obs.probes.outcomes:
-        if not o.ok:
+        if not o.ok and o.kind in BLOCKED:
             grouped[(blame(o, obs), o.purpose)].append(o)
     out: list[Finding] = []
     for (host, purpose), bad in grouped.items():
-        pairs = [f"{o.source} -> {o.target_host} {o.address}:{o.port}: {o.kind}" for o in bad]
+        pairs = [f"{o.source} -> {o.target_host} {o.address}:{o.port}: {attempts_text(o)}" for o in bad]
         peers = sorted({o.source if o.target_host == host else o.target_host for o in bad})
         ports = sorted({o.port for o in bad})
         what = "the master port" if purpose == "master_port" else "ephemeral ports (NCCL/Gloo)"
@@ -66,6 +84,31 @@ def probe_findings(obs: Observations) -> list[Finding]:
         out.append(fail(CHECK, host, f"TCP on {what} {listing(map(str, ports))} is blocked "
                         f"between {host} and {listing(peers)}", "; ".join(pairs + rules),
                         allow_fix(obs, host, peers)))
+    return out + unreached_findings(obs)
+
+
+def unreached_findings(obs: Observations) -> list[Finding]:
+    """Probe dials that failed for a reason other than a firewall: a name that does not resolve
+    on the dialling host (dns), no route to the address (ifname: the interfaces and routes)."""
+    grouped: dict[tuple[str, str], list[ProbeOutcome]] = defaultdict(list)
+    for o in obs.probes.outcomes:
+        if not o.ok and o.kind not in BLOCKED:
+            grouped[(o.source, o.kind)].append(o)
+    out: list[Finding] = []
+    for (source, kind), bad in grouped.items():
+        evidence = "; ".join(f"{source} -> {o.target_host} {o.address}:{o.port}: {attempts_text(o)}"
+                             + (f" ({o.error})" if o.error and o.error != o.kind else "") for o in bad)
+        names = sorted({o.address for o in bad})
+        if kind == "unresolved":
+            out.append(fail("dns", source, f"{source} cannot resolve {listing(names)}", evidence,
+                            f"on {source}: add the address to /etc/hosts (or fix DNS), or give the "
+                            "address instead of the name in the inventory or job"))
+        elif kind == "unreachable":
+            out.append(fail("ifname", source, f"{source} has no route to {listing(names)}", evidence,
+                            f"on {source}: check `ip route get {names[0]}` and that the interface "
+                            "toward the other hosts is up"))
+        else:
+            out.append(fail(CHECK, source, f"{source} could not dial {listing(names)}: {kind}", evidence))
     return out
 
 
@@ -90,6 +133,8 @@ def check(obs: Observations) -> list[Finding]:
     blamed = {f.host for f in out}
     for host, err in obs.probes.errors.items():
         out.append(warn(CHECK, host, "the TCP probe could not run", err))
+    if obs.probes.sampled:
+        out.append(info(CHECK, None, f"the TCP probe sampled the pairs of hosts: {obs.probes.sampled}"))
     for purpose, why in obs.probes.skipped.items():
         status = skip if len(obs.facts) < 2 else info
         out.append(status(CHECK, None, f"{purpose.replace('_', ' ')} probe skipped: {why}"))

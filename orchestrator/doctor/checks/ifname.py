@@ -13,21 +13,12 @@ from node_agent.ifname import (
     parse_gloo_ifname,
     parse_nccl_ifname,
 )
+from orchestrator.doctor.addressing import PickedInterfaces, Route, pick_interfaces, usable_names
 from orchestrator.doctor.checks.base import fail, info, listing, ok, warn
 from orchestrator.doctor.model import Finding, Observations
 from orchestrator.remote.wire import HostFacts
 
 CHECK = "ifname"
-
-
-def usable_names(ifaces: list[dict[str, Any]]) -> list[str]:
-    """Interfaces that are up and carry an address NCCL would use (no IPv6 link-local)."""
-    out = []
-    for i in ifaces:
-        addrs = [a for a in i.get("addresses") or [] if a.get("scope") != "link"]
-        if i.get("up") and addrs:
-            out.append(str(i.get("name")))
-    return out
 
 
 def master_dev(hf: HostFacts) -> str | None:
@@ -79,11 +70,11 @@ def _described(ifaces: list[dict[str, Any]], names: list[str]) -> str:
 
 
 def nccl_finding(host: str, value: str | None, ifaces: list[dict[str, Any]],
-                 dev: str | None, local_only: bool, master: str | None = None) -> Finding:
+                 dev: str | None, local_only: bool, master: str | None = None,
+                 picked: PickedInterfaces | None = None, common: str | None = None) -> Finding:
     names = [str(i.get("name")) for i in ifaces]
     usable = usable_names(ifaces)
-    pin = f"set NCCL_SOCKET_IFNAME={dev} in the job's [env]" if dev else \
-        "set NCCL_SOCKET_IFNAME to the interface that routes to the master"
+    pin = pin_fix("NCCL_SOCKET_IFNAME", host, dev, value, common)
     evidence = f"interfaces: {listing(names, 16)}; up with an address: {listing(usable, 16)}" + (
         f"; route to master {master or ''} via {dev}".replace("  ", " ") if dev else "")
     if value is not None and not nccl_value_is_used(value):
@@ -101,6 +92,11 @@ def nccl_finding(host: str, value: str | None, ifaces: list[dict[str, Any]],
         if dev and not local_only:
             return nccl_routing(host, value, ifaces, good, dev, master, evidence, pin)
         return ok(CHECK, host, f"NCCL_SOCKET_IFNAME={value} selects {listing(good)}", evidence)
+    if picked is not None and "NCCL_SOCKET_IFNAME" in picked.env:
+        return info(CHECK, host, f"NCCL_SOCKET_IFNAME is unset: ddpctl sets NCCL_SOCKET_IFNAME="
+                    f"{picked.env['NCCL_SOCKET_IFNAME']} on {host} ({picked.describe_why()})", evidence,
+                    "set it in the job's [env] to choose another, or pick_interfaces = false in "
+                    "[rendezvous] to leave it to NCCL")
     auto = nccl_auto_pick(usable)
     odd = [n for n in auto if n != dev and is_suspicious(n)]
     if odd and not local_only:
@@ -141,13 +137,28 @@ def _loopback(addr: str) -> bool:
         return False
 
 
+def pin_fix(var: str, host: str, dev: str | None, value: str | None, common: str | None = None) -> str:
+    """Where to set the variable: a value that fits every host (the one device they all use, or
+    NCCL's prefix list of theirs) in the job's [env]; else this host's own `env` in the inventory
+    (the job's [env] wins over it, so a job-wide value must go)."""
+    if dev is None:
+        return f"set {var} to the interface that routes to the master"
+    if common:
+        fits = " (it selects the right interface on every host)" if common != dev else ""
+        return f"set {var}={common} in the job's [env]{fits}"
+    if value is not None:
+        return (f"remove {var} from the job's [env] (ddpctl then sets each host's own interface where "
+                f"needed), or set env = {{ {var} = \"{dev}\" }} for {host} in the inventory instead")
+    return f"set env = {{ {var} = \"{dev}\" }} for {host} in the inventory"
+
+
 def gloo_finding(host: str, hf: HostFacts, value: str | None, dev: str | None,
-                 local_only: bool, master: str | None = None) -> Finding:
+                 local_only: bool, master: str | None = None,
+                 picked: PickedInterfaces | None = None, common: str | None = None) -> Finding:
     ifaces = hf.get("interfaces") or []
     names = [str(i.get("name")) for i in ifaces]
     usable = usable_names(ifaces)
-    pin = f"set GLOO_SOCKET_IFNAME={dev} in the job's [env]" if dev else \
-        "set GLOO_SOCKET_IFNAME to the interface that routes to the master"
+    pin = pin_fix("GLOO_SOCKET_IFNAME", host, dev, value, common)
     if value:
         wanted = parse_gloo_ifname(value)
         missing = [n for n in wanted if n not in names]
@@ -171,29 +182,57 @@ def gloo_finding(host: str, hf: HostFacts, value: str | None, dev: str | None,
     hostname = hf.get("hostname")
     if local_only:
         return info(CHECK, host, "GLOO_SOCKET_IFNAME is unset (single host)")
-    if not resolved:
-        return warn(CHECK, host, f"GLOO_SOCKET_IFNAME is unset and hostname {hostname} does not "
+    if picked is not None and "GLOO_SOCKET_IFNAME" in picked.env:
+        return info(CHECK, host, f"GLOO_SOCKET_IFNAME is unset: ddpctl sets GLOO_SOCKET_IFNAME="
+                    f"{picked.env['GLOO_SOCKET_IFNAME']} on {host} ({picked.describe_why()})",
+                    hf.errors.get("hostname_resolution", ""), "set it in the job's [env] to choose "
+                    "another, or pick_interfaces = false in [rendezvous] to leave it to Gloo")
+    if not resolved:  # Gloo cannot pick an address: every multi-host job fails
+        return fail(CHECK, host, f"GLOO_SOCKET_IFNAME is unset and hostname {hostname} does not "
                     "resolve: Gloo cannot pick an address", hf.errors.get(
                         "hostname_resolution", ""), pin)
     first = str(resolved[0].get("address"))
-    if _loopback(first):
-        return warn(CHECK, host, f"GLOO_SOCKET_IFNAME is unset and hostname {hostname} resolves "
+    if _loopback(first):  # peers would dial their own loopback: certain to fail
+        return fail(CHECK, host, f"GLOO_SOCKET_IFNAME is unset and hostname {hostname} resolves "
                     f"to {first}: Gloo would listen on loopback", "/etc/hosts maps the hostname "
                     "to a loopback address", pin)
     return info(CHECK, host, f"GLOO_SOCKET_IFNAME is unset; Gloo uses {hostname} -> {first}",
                 "", pin)
 
 
+def fits_all(var: str, obs: Observations, devs: dict[str, str]) -> str | None:
+    """A value of `var` that selects each host's route to the master first: the device where all
+    hosts use the same one; for NCCL, the prefix list of theirs (node0 eth0, node1 ens5:
+    "eth0,ens5") where it selects no wrong one first on any host; else None (set it per host)."""
+    names = sorted(set(devs.values()))
+    if len(names) == 1:
+        return names[0]
+    if var != "NCCL_SOCKET_IFNAME" or not names:
+        return None
+    value = ",".join(names)
+    for host, dev in devs.items():
+        selected = match_nccl(value, usable_names(obs.facts[host].get("interfaces") or []))
+        if not selected or selected[0] != dev:
+            return None
+    return value
+
+
 def check(obs: Observations) -> list[Finding]:
     out: list[Finding] = []
     local_only = all(h.is_local for h in obs.ctx.hosts)
+    multi = not local_only and len(obs.ctx.hosts) > 1
+    devs = {h: d for h, hf in obs.facts.items() if (d := master_dev(hf))}
+    nccl_common = fits_all("NCCL_SOCKET_IFNAME", obs, devs)
+    gloo_common = fits_all("GLOO_SOCKET_IFNAME", obs, devs)
     for host in obs.ctx.hosts:
         hf = obs.facts.get(host.name)
         if hf is None:
             continue
         env = obs.ctx.host_env(host, hf.get("env") or {})
         dev, master = master_dev(hf), master_address(hf)
+        picked = pick_interfaces(env, hf, Route(dev, None)) if multi and obs.ctx.pick_interfaces else None
         out.append(nccl_finding(host.name, env.get("NCCL_SOCKET_IFNAME"),
-                                hf.get("interfaces") or [], dev, local_only, master))
-        out.append(gloo_finding(host.name, hf, env.get("GLOO_SOCKET_IFNAME"), dev, local_only, master))
+                                hf.get("interfaces") or [], dev, local_only, master, picked, nccl_common))
+        out.append(gloo_finding(host.name, hf, env.get("GLOO_SOCKET_IFNAME"), dev, local_only, master, picked,
+                                gloo_common))
     return out

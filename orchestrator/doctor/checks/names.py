@@ -6,11 +6,13 @@ import ipaddress
 from collections import defaultdict
 
 from inventory.fields import is_ip_address
+from orchestrator.doctor.addressing import suggest_master
 from orchestrator.doctor.checks.base import fail, majority, ok, warn
 from orchestrator.doctor.model import Finding, Observations
 from orchestrator.remote.wire import HostFacts
 
 CHECK = "dns"
+LOOPBACK_NAMES = ("localhost", "localhost.localdomain", "ip6-localhost")
 
 
 def is_loopback(addr: str) -> bool:
@@ -33,7 +35,7 @@ def compared_address(hf: HostFacts) -> str | None:
 
 
 def host_findings(host: str, hf: HostFacts, addr: str, local_only: bool,
-                  master_ip: str | None) -> list[Finding]:
+                  master_ip: str | None, suggested: str | None = None) -> list[Finding]:
     if hf.errors.get("resolution"):
         line = f"add `{master_ip} {addr}` to /etc/hosts" if master_ip else \
             f"map {addr} to the master's IP address in /etc/hosts"
@@ -45,11 +47,15 @@ def host_findings(host: str, hf: HostFacts, addr: str, local_only: bool,
         return []
     out: list[Finding] = []
     if is_loopback(first["address"]) and not local_only:
+        use = f"set master_addr = \"{suggested}\" (the master's address on its route to the other " \
+            "hosts), or remove master_addr: ddpctl then picks that address itself" if suggested else \
+            "set master_addr to an address of the master that the other hosts reach, or remove " \
+            "master_addr: ddpctl then picks one from the master's routes"
         out.append(fail(CHECK, host, f"master_addr {addr} resolves to loopback "
                         f"{first['address']} on {host}: peers cannot reach it",
-                        "/etc/hosts maps the name to a loopback address (the 127.0.1.1 "
-                        "hostname line)", f"on {host}: edit /etc/hosts so {addr} maps to its "
-                        "real address, or set master_addr to that address"))
+                        f"{addr} is a loopback name on {host}" if addr in LOOPBACK_NAMES else
+                        "/etc/hosts maps the name to a loopback address (the 127.0.1.1 hostname line)",
+                        use))
     routes = (hf.get("resolution") or {}).get("routes") or {}
     route = routes.get(first["address"]) or {}
     if first["family"] == "inet6" and route.get("error"):
@@ -121,8 +127,9 @@ def check(obs: Observations) -> list[Finding]:
     firsts = {h: a for h, hf in obs.facts.items() if (a := compared_address(hf)) is not None}
     common, odd = majority(firsts)
     master_ip = common or (obs.ctx.master.address if is_ip_address(obs.ctx.master.address) else None)
+    suggested = suggest_master(obs.ctx.master.name, obs.facts)
     for host, hf in obs.facts.items():
-        out += host_findings(host, hf, addr, local_only, master_ip)
+        out += host_findings(host, hf, addr, local_only, master_ip, suggested)
     out += own_hostname(obs, local_only)
     out += master_is_here(obs, local_only)
     for host in odd:
@@ -132,6 +139,8 @@ def check(obs: Observations) -> list[Finding]:
                         f"fix /etc/hosts or DNS on {host}, or set master_addr to {common}"))
     out += duplicate_hostnames(obs)
     bad = {f.host for f in out}
-    out += [ok(CHECK, h, f"master_addr {addr} -> {firsts.get(h)}") for h in obs.facts
-            if h not in bad]
+    if obs.ctx.master_picked:
+        out += [ok(CHECK, h, f"master_addr {addr} ({obs.ctx.master_picked})") for h in obs.facts if h not in bad]
+    else:
+        out += [ok(CHECK, h, f"master_addr {addr} -> {firsts.get(h)}") for h in obs.facts if h not in bad]
     return out

@@ -8,7 +8,7 @@ until every node has `Exited` or is `Lost`, and stops nodes when asked.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -35,6 +35,8 @@ class Resolved:
     nprocs: dict[str, int]
     master_port: int
     hosts: tuple[Host, ...] | None = None  # the nodes, where the backend names them (Slurm's)
+    master_addr: str | None = None  # settled from the hosts' routes (None: the job's own)
+    env: Mapping[str, Mapping[str, str]] = field(default_factory=dict)  # host -> variables ddpctl sets
 
 
 @dataclass

@@ -35,7 +35,14 @@ from orchestrator.launch.events import (
 from orchestrator.launch.faults import HEARTBEAT_EVERY, RETRY_EVERY
 from orchestrator.launch.options import LaunchOptions
 from orchestrator.launch.plan import HostLaunch, LaunchPlan
-from orchestrator.launch.preflight import Preflight, gather, resolve_nprocs, settle_master_port, static_nprocs
+from orchestrator.launch.preflight import (
+    Preflight,
+    gather,
+    needs_hosts,
+    resolve_nprocs,
+    settle_master_port,
+    static_nprocs,
+)
 from orchestrator.remote.agent import AgentEvent, AgentResult, AgentStream, Batched, call_agent, start_agent
 from orchestrator.remote.pool import HostPool
 from orchestrator.remote.transport import OutputLine, Transport
@@ -90,7 +97,7 @@ class SshBackend:
     def resolve(self, job: Job, options: LaunchOptions, notice: Notice, settle: bool) -> Resolved:
         check_job_env(job)  # a CUDA_VISIBLE_DEVICES against a host's gpus selection: before any host
         port = job.rendezvous.master_port
-        static = static_nprocs(job) if not settle and isinstance(port, int) else None
+        static = static_nprocs(job) if not settle and isinstance(port, int) and not needs_hosts(job) else None
         if static is not None and isinstance(port, int):
             return Resolved(static, port)  # a dry run needs no host
         pre = gather(job, self.pool, checks=settle and options.checks, hold=settle)
@@ -113,10 +120,17 @@ class SshBackend:
         facts = pre.facts
         nprocs = resolve_nprocs(job, facts)
         port = job.rendezvous.master_port
+        addr = pre.addressing.master_addr if pre.addressing is not None else None
+        if pre.addressing is not None and pre.addressing.picked:
+            notice(f"master_addr {addr}: {pre.addressing.picked}")
+        for host, picked in pre.interfaces.items():
+            notice(f"{host}: {picked.describe()}")
+        env = {host: picked.env for host, picked in pre.interfaces.items()}
         if settle:
-            return Resolved(nprocs, settle_master_port(job, self.pool, facts, options.free_port, notice))
+            return Resolved(nprocs, settle_master_port(job, self.pool, facts, options.free_port, notice),
+                            master_addr=addr, env=env)
         master = facts[job.master_host.name]
-        return Resolved(nprocs, port if isinstance(port, int) else master.free_port or 0)
+        return Resolved(nprocs, port if isinstance(port, int) else master.free_port or 0, master_addr=addr, env=env)
 
     def _take(self, host: str) -> Session | None:
         with self.lock:
@@ -347,7 +361,8 @@ class SshBackend:
         return collect(self.pool, [hl.host for hl in plan.hosts], plan.job_id)
 
     def reprobe(self, plan: LaunchPlan) -> ProbeResults:
-        ctx = from_job(plan.job, master_port=plan.master_port, timeout_s=REPROBE_TIMEOUT_S)
+        ctx = from_job(plan.job, master_port=plan.master_port, timeout_s=REPROBE_TIMEOUT_S,
+                       master_addr=plan.master_addr)
         fan = open_sessions(self.pool, ctx, True, ("resolution",), job_holds_master=True)
         try:
             probes = run_probe(ctx, fan.succeeded, job_holds_master=True)
