@@ -53,6 +53,28 @@ def parse_route_table(text: str) -> List[Dict[str, Any]]:
     return out
 
 
+def parse_proc_net_route(text: str) -> List[Dict[str, Any]]:
+    """/proc/net/route (the kernel's IPv4 main table, hex little-endian) -> the same entries as
+    parse_route_table, without a source address (a route's src is then its device's address):
+    read without starting `ip`, which costs each host a fork and exec."""
+    import socket
+    import struct
+
+    out = []
+    for line in text.splitlines()[1:]:
+        f = line.split()
+        if len(f) < 8:
+            continue
+        flags = int(f[3], 16)
+        if not flags & 0x1 or flags & 0x200:  # RTF_UP; RTF_REJECT (unreachable, blackhole)
+            continue
+        dst, gateway = (socket.inet_ntoa(struct.pack("<I", int(x, 16))) for x in (f[1], f[2]))
+        prefix = bin(int(f[7], 16)).count("1")
+        out.append({"dst": "default" if prefix == 0 else "%s/%d" % (dst, prefix), "dev": f[0], "src": None,
+                    "gateway": gateway if flags & 0x2 else None, "metric": int(f[6])})
+    return out
+
+
 def port_ranges(spec: str) -> List[Tuple[int, int]]:
     """'22,80:90' or '29500-29510' or '{ 22, 29500 }' -> [(22, 22), (80, 90)]."""
     out = []

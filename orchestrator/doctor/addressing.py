@@ -117,9 +117,17 @@ class HostNet:
             return None
         r = best[2]
         dev = str(r.get("dev")) if r.get("dev") else None
-        src = r.get("src") or next((a for a, (d, _) in own.items() if d == dev and (":" in a) == (target.version == 6)),
-                                   None)
-        return Route(dev, str(src) if src else None, str(r["gateway"]) if r.get("gateway") else None)
+        return Route(dev, str(r.get("src") or self._source(dev, target)) or None,
+                     str(r["gateway"]) if r.get("gateway") else None)
+
+    def _source(self, dev: str | None, target: IPAddress) -> str:
+        """A route without its source address (read from /proc/net/route): the device's address
+        in the target's subnet, else its first of the same family, as the kernel picks."""
+        mine = [(a, p) for a, (d, p) in self.own().items() if d == dev and (":" in a) == (target.version == 6)]
+        for address, prefix in mine:
+            if prefix is not None and target in ipaddress.ip_interface(f"{address}/{prefix}").network:
+                return address
+        return mine[0][0] if mine else ""
 
 
 def net_of(hf: HostFacts) -> HostNet:

@@ -178,3 +178,16 @@ def test_a_master_named_localhost_is_still_probed_where_it_can_be_reached() -> N
     nets = {f"node{i}": HostNet(node(i).interfaces, node(i).routes, None, "127.0.0.1") for i in range(2)}
     named = plan_addressing(["node0", "node1"], "node0", "localhost", True, nets, {})
     assert named.master_addr == "localhost" and named.dial["node0"] == "198.18.0.10"
+
+
+def test_the_kernel_table_is_read_from_proc_without_starting_ip() -> None:
+    from node_agent.factparse import parse_proc_net_route
+    text = ("Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT\n"
+            "eth0\t00000000\t010012C6\t0003\t0\t0\t100\t00000000\t0\t0\t0\n"
+            "eth0\t000012C6\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0\n"
+            "eth0\t000013C6\t00000000\t0201\t0\t0\t0\t00FFFFFF\t0\t0\t0\n")  # an unreachable route
+    routes = parse_proc_net_route(text)
+    assert routes == [route("default", "eth0", gateway="198.18.0.1") | {"metric": 100},
+                      route("198.18.0.0/24", "eth0")]
+    net = HostNet([LO, iface("eth0", "198.18.0.11")], routes)
+    assert net.route("198.18.0.10") == Route("eth0", "198.18.0.11")  # src: the device's address
