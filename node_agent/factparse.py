@@ -38,25 +38,11 @@ def parse_route_get(text: str) -> Dict[str, Any]:
             "type": r.get("type")}
 
 
-def parse_route_table(text: str) -> List[Dict[str, Any]]:
-    """`ip -j route show` (the main table) -> [{dst, dev, src, gateway}], dst "default" or a CIDR
-    (a bare address is a /32): enough for the control plane to find any address's route."""
-    out = []
-    for r in json.loads(text or "[]"):
-        dst = r.get("dst")
-        if not dst or r.get("type") in ("unreachable", "blackhole", "prohibit"):
-            continue
-        if dst != "default" and "/" not in dst:
-            dst += "/128" if ":" in dst else "/32"
-        out.append({"dst": dst, "dev": r.get("dev"), "src": r.get("prefsrc"),
-                    "gateway": r.get("gateway"), "metric": r.get("metric") or 0})
-    return out
-
-
 def parse_proc_net_route(text: str) -> List[Dict[str, Any]]:
-    """/proc/net/route (the kernel's IPv4 main table, hex little-endian) -> the same entries as
-    parse_route_table, without a source address (a route's src is then its device's address):
-    read without starting `ip`, which costs each host a fork and exec."""
+    """/proc/net/route (the kernel's IPv4 main table, hex little-endian) -> [{dst, dev, src,
+    gateway, metric}], dst "default" or a CIDR; no source address (a route's src is then its
+    device's address: addressing.HostNet.route). Read without starting `ip`, which costs each
+    host a fork and exec."""
     import socket
     import struct
 

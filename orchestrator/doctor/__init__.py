@@ -43,7 +43,7 @@ def run_doctor(ctx: DoctorContext, pool: HostPool,
     ctx, facts, addressing = settle_addressing(ctx, {name: o.facts for name, o in fan.succeeded.items()})
     if addressing.picked:
         notice(f"master_addr {addressing.master_addr}: {addressing.picked}")
-    obs = Observations(ctx=ctx, facts=facts, failed=fan.failed, probes=probes, addressing=addressing)
+    obs = Observations(ctx=ctx, facts=facts, failed=fan.failed, probes=probes)
     return Report(hosts=[h.name for h in ctx.hosts], checks=[name for name, _ in CHECKS],
                   findings=run_checks(obs), unreachable=set(fan.failed),
                   elapsed_s=time.monotonic() - started, phases=phases)

@@ -9,7 +9,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from inventory import Host
-from orchestrator.doctor.addressing import Addressing
 from orchestrator.errors import HostError
 from orchestrator.remote.wire import HostFacts
 
@@ -116,7 +115,6 @@ class Observations:
     facts: Mapping[str, HostFacts]
     failed: Mapping[str, HostError]
     probes: ProbeResults
-    addressing: Addressing | None = None  # where the hosts are dialled (settle_addressing)
 
 
 @dataclass

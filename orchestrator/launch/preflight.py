@@ -96,7 +96,7 @@ def gather(job: Job, pool: HostPool, checks: bool = True, hold: bool = False) ->
         probes = run_probe(ctx, fan.succeeded) if probe else ProbeResults()
         probed = time.monotonic()
         ctx, facts, addressing = settle_addressing(ctx, {name: o.facts for name, o in fan.succeeded.items()})
-        findings = run_checks(Observations(ctx, facts, {}, probes, addressing), LAUNCH_CHECKS) if checks else []
+        findings = run_checks(Observations(ctx, facts, {}, probes), LAUNCH_CHECKS) if checks else []
         pre = Preflight(facts, findings, {"facts_s": gathered - started, "probe_s": probed - gathered,
                                           "checks_s": time.monotonic() - probed}, sessions if hold else {},
                         addressing if len(job.hosts) > 1 else None, settle_interfaces(ctx, facts, addressing))

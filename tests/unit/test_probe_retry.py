@@ -9,35 +9,42 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 from node_agent.probe import REDIAL_AT, connect_all
 
 
 @contextmanager
-def full_queue() -> Iterator[tuple[socket.socket, list[socket.socket]]]:
-    """A listener with a backlog of 0, its one queue slot taken: the kernel drops further SYNs."""
+def full_queue() -> Iterator[socket.socket]:
+    """A listener with a backlog of 0 and one connection queued: the kernel drops further SYNs."""
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
     server.listen(0)
-    filler = [socket.create_connection(server.getsockname(), timeout=2)]
+    filler = socket.create_connection(server.getsockname(), timeout=2)
     try:
-        second = socket.socket()
-        second.setblocking(False)
-        second.connect_ex(server.getsockname())  # takes the slot (Linux queues backlog + 1)
-        filler.append(second)
-        time.sleep(0.05)
-        yield server, filler
+        yield server
     finally:
-        for s in [server, *filler]:
-            s.close()
+        filler.close()
+        server.close()
+
+
+def dials_waiting(port: int) -> int:
+    """Sockets of this machine in SYN-SENT toward `port`: dials the listener has not answered."""
+    lines = Path("/proc/net/tcp").read_text().splitlines()[1:]
+    return sum(1 for line in lines if line.split()[3] == "02" and line.split()[2].endswith(f":{port:04X}"))
 
 
 def test_a_port_that_answers_a_later_dial_is_not_blocked() -> None:
-    with full_queue() as (server, _):
-        target = f"127.0.0.1:{server.getsockname()[1]}"
+    with full_queue() as server:
+        port = server.getsockname()[1]
+        seen: list[int] = []
 
-        def drain() -> None:  # the queue frees up after 0.6 s: a later dial (or SYN) gets in
-            time.sleep(0.6)
+        def drain() -> None:
+            """Once a second dial waits beside the first, the queue frees up: a dial gets in."""
+            deadline = time.monotonic() + 3
+            while dials_waiting(port) < 2 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            seen.append(dials_waiting(port))
             server.settimeout(3)
             for _ in range(8):
                 try:
@@ -46,14 +53,15 @@ def test_a_port_that_answers_a_later_dial_is_not_blocked() -> None:
                     return
 
         threading.Thread(target=drain, daemon=True).start()
-        result, = connect_all([target], 4.0)
+        result, = connect_all([f"127.0.0.1:{port}"], 4.0)
+    assert seen and seen[0] >= 2  # the first dial went unanswered and a second went out
     assert result["ok"] is True and result["kind"] == "ok"
-    assert result["attempts"] > 1  # the first dial went unanswered
+    assert result["attempts"] > 1
     assert all(w > 0 for w in result["waited_ms"])
 
 
 def test_a_port_silent_through_every_dial_is_a_timeout_that_says_how_many_and_how_long() -> None:
-    with full_queue() as (server, _):
+    with full_queue() as server:
         target = f"127.0.0.1:{server.getsockname()[1]}"
         started = time.monotonic()
         result, = connect_all([target], 2.0)

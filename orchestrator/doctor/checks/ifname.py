@@ -13,7 +13,7 @@ from node_agent.ifname import (
     parse_gloo_ifname,
     parse_nccl_ifname,
 )
-from orchestrator.doctor.addressing import PickedInterfaces, Route, pick_interfaces, usable_names
+from orchestrator.doctor.addressing import PickedInterfaces, Route, is_loopback, pick_interfaces, usable_names
 from orchestrator.doctor.checks.base import fail, info, listing, ok, warn
 from orchestrator.doctor.model import Finding, Observations
 from orchestrator.remote.wire import HostFacts
@@ -130,13 +130,6 @@ def nccl_routing(host: str, value: str, ifaces: list[dict[str, Any]], good: list
                   f"yet NCCL would open connections over it{why}", evidence, pin)
 
 
-def _loopback(addr: str) -> bool:
-    try:
-        return ipaddress.ip_address(addr).is_loopback
-    except ValueError:
-        return False
-
-
 def pin_fix(var: str, host: str, dev: str | None, value: str | None, common: str | None = None) -> str:
     """Where to set the variable: a value that fits every host (the one device they all use, or
     NCCL's prefix list of theirs) in the job's [env]; else this host's own `env` in the inventory
@@ -192,7 +185,7 @@ def gloo_finding(host: str, hf: HostFacts, value: str | None, dev: str | None,
                     "resolve: Gloo cannot pick an address", hf.errors.get(
                         "hostname_resolution", ""), pin)
     first = str(resolved[0].get("address"))
-    if _loopback(first):  # peers would dial their own loopback: certain to fail
+    if is_loopback(first):  # peers would dial their own loopback: certain to fail
         return fail(CHECK, host, f"GLOO_SOCKET_IFNAME is unset and hostname {hostname} resolves "
                     f"to {first}: Gloo would listen on loopback", "/etc/hosts maps the hostname "
                     "to a loopback address", pin)

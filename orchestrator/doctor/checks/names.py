@@ -2,24 +2,16 @@
 
 from __future__ import annotations
 
-import ipaddress
 from collections import defaultdict
 
 from inventory.fields import is_ip_address
-from orchestrator.doctor.addressing import suggest_master
+from orchestrator.doctor.addressing import is_loopback, suggest_master
 from orchestrator.doctor.checks.base import fail, majority, ok, warn
 from orchestrator.doctor.model import Finding, Observations
 from orchestrator.remote.wire import HostFacts
 
 CHECK = "dns"
 LOOPBACK_NAMES = ("localhost", "localhost.localdomain", "ip6-localhost")
-
-
-def is_loopback(addr: str) -> bool:
-    try:
-        return ipaddress.ip_address(addr).is_loopback
-    except ValueError:
-        return False
 
 
 def first_address(hf: HostFacts) -> dict[str, str] | None:
