@@ -6,7 +6,7 @@ connects.
 Request: {"job_id", "node_rank", "offset"} (the log offset of the last batch it committed). While
 the job's supervisor runs, this op connects to its attach socket and relays: the socket's bytes
 (events, the log from `offset` in committed batches, at the end the supervise op's result) to
-stdout, and its own stdin (HEARTBEAT/STOP/KILL) to the socket; it exits with the job's exit code.
+stdout, and its own stdin (HEARTBEAT/STOP/ABORT/KILL) to the socket; it exits with the job's exit code.
 Where the supervisor has ended meanwhile, it sends the rest of the log and the result the
 supervisor recorded in state.json, so a job that ended during the outage loses nothing either.
 """

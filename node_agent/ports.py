@@ -16,12 +16,14 @@ from pathlib import Path
 
 from node_agent.procfs import iter_stats, proc_cmdline, process_groups, read_stat
 from node_agent.runstate import proc_job_id
+from node_agent.sitedirs import add_site_packages
 from node_agent.terminate import terminate
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing is for the checker only (node_agent/__init__.py)
     from typing import Any, BinaryIO, Dict, Iterable, List, Optional, Set
 
+add_site_packages()  # the agent starts without them (python -S): psutil may be there
 try:
     import psutil
 except ImportError:  # a host without psutil: /proc it is

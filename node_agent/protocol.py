@@ -2,7 +2,8 @@
 
 stdin:  one JSON request line ({"op": NAME, ...}); after it, stdin stays open as the control
         channel: "HEARTBEAT\n" lines keep long ops alive, "STOP\n" asks for a graceful stop,
-        "KILL\n" for a forced one, and EOF means the control plane went away. A launch's facts
+        "ABORT\n" for the stop of a job that has failed (torchrun at once, the ranks after the
+        grace), "KILL\n" for a forced one, and EOF means the control plane went away. A launch's facts
         session takes "CONNECT {json}" (the TCP probe) and then "START {json}", which turns it
         into the supervise op with that request.
 stdout: any number of lines; lines starting with EVENT_PREFIX carry a JSON event, the line

@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 from node_agent import factparse
+from node_agent.sitedirs import add_site_packages
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing is for the checker only (node_agent/__init__.py)
@@ -118,6 +119,7 @@ def cached_in_process(python: str, cache: str) -> Optional[Dict[str, Any]]:
     """When the agent runs under the inventory's interpreter, read the cache without a child."""
     if not cache or os.path.realpath(python) != os.path.realpath(sys.executable):
         return None
+    add_site_packages()  # where torch is found, as the interpreter's own start-up would look
     namespace: Dict[str, Any] = {}
     exec(compile(CACHE_KEY_SRC, "ddpctl-torch-cache", "exec"), namespace)
     found: Optional[Dict[str, Any]] = namespace["cached"](cache)[1]

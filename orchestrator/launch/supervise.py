@@ -106,21 +106,22 @@ class Supervision:
             self.lanes.put(event)
 
     # -- control ----------------------------------------------------------------------------
-    def stop_all(self, force: bool, reason: str) -> None:
+    def stop_all(self, force: bool, reason: str, failed: bool = False) -> None:
+        """`failed`: the job has failed (a host, the rendezvous, a hang), not stopped by the user."""
         self.stop_sent = True
         self.cb.on_notice(reason)
         running = [name for name, run in self.runs.items() if not run.done]
         for name in running:
             self.runs[name].state = HostState.STOPPING
             self.cb.on_state(self.runs[name])
-        self.backend.stop(running, force)
+        self.backend.stop(running, force, failed)
 
     def _fail(self, run: HostRun, why: str, what: str = "failed", consequence: bool = False) -> None:
         if self.first_failure is None:
             self.first_failure = run
             if not self.stop_sent:
                 self.stopped_by_consequence = consequence
-                self.stop_all(False, f"{run.host} {what} ({why}); stopping the job on every host")
+                self.stop_all(False, f"{run.host} {what} ({why}); stopping the job on every host", failed=True)
 
     # -- events -----------------------------------------------------------------------------
     def handle(self, event: BackendEvent) -> None:
@@ -285,7 +286,7 @@ class Supervision:
         if self.options.dump_stacks_on_hang:
             self.dump_stacks("hang")
         if self.options.on_hang == "stop":
-            self.stop_all(False, "stopping the hung job on every host (--on-hang=stop)")
+            self.stop_all(False, "stopping the hung job on every host (--on-hang=stop)", failed=True)
 
     def _check_rendezvous(self) -> None:
         """The watchdog: ranks that have not all joined within the bound are a rendezvous that
@@ -298,7 +299,7 @@ class Supervision:
         probes = self.backend.reprobe(self.plan)
         self.cause = rdzv.diagnose(probes, {name: run.tail for name, run in self.runs.items()})
         self.stop_all(False, "the rendezvous will not complete: stopping the job on every host (the cause "
-                             "is in the summary)")
+                             "is in the summary)", failed=True)
 
     def dump_stacks(self, why: str) -> None:
         """Every rank's stack into the run directory, and the collapsed summary to the user."""

@@ -106,6 +106,9 @@ def test_a_failing_rank_stops_every_host_and_names_host_rank_and_error(cluster2:
     assert out.returncode != 0
     assert "first failure: rank 3 on node1 (node_rank 1, local rank 1): RuntimeError: injected failure: " \
            "rank 3 at step 3" in out.stderr
+    # the job had failed: torchrun was ended outright on both hosts, not sent a SIGTERM that every
+    # torchrun reports with a traceback of its own saying nothing of the cause
+    assert "SignalException" not in out.stdout + out.stderr
     summary = only_summary(runs)
     assert summary["first_failure"] == "node1"
     wait_for(lambda: no_job_processes(cluster2, summary["job_id"]), 30, "no process of the failed job left")

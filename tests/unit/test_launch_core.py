@@ -59,7 +59,7 @@ class ScriptedBackend:
         self.plan = plan
         threading.Thread(target=self.script, args=(self, emit), daemon=True).start()
 
-    def stop(self, hosts: Sequence[str], force: bool) -> None:
+    def stop(self, hosts: Sequence[str], force: bool, failed: bool = False) -> None:
         self.stops.append((tuple(hosts), force))
         self.stopped.set()
 

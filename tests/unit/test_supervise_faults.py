@@ -63,6 +63,7 @@ class FaultyBackend:
     script: Callable[[FaultyBackend, Emit], None]
     name: str = "scripted"
     stops: list[tuple[tuple[str, ...], bool]] = field(default_factory=list)
+    failed_stops: list[bool] = field(default_factory=list)  # each stop's `failed`
     dropped: list[str] = field(default_factory=list)
     reattached: list[str] = field(default_factory=list)
     journal: list[str] = field(default_factory=list)  # stop requests, among what the observer saw
@@ -85,9 +86,10 @@ class FaultyBackend:
 
         threading.Thread(target=run, daemon=True).start()
 
-    def stop(self, hosts: Sequence[str], force: bool) -> None:
+    def stop(self, hosts: Sequence[str], force: bool, failed: bool = False) -> None:
         self.journal.append("stop")
         self.stops.append((tuple(hosts), force))
+        self.failed_stops.append(failed)
         self.stopped.set()
 
     def drop(self, host: str) -> None:
@@ -185,6 +187,7 @@ def test_a_host_silent_for_lost_after_is_lost_dropped_and_the_job_stops(tmp_path
     assert time.monotonic() - started >= 1.5  # not before lost_after
     assert backend.reattached == ["b"]  # silent first: one fresh connection tried
     assert backend.dropped == ["b"] and backend.stops == [(("a",), False)]
+    assert backend.failed_stops == [True], "a lost host fails the job: torchrun gets no grace"
     assert result.loss is not None and result.loss.host == "b"
     assert result.loss.reason.startswith("no contact with b for 2s (since ")  # lost_after 1.5, as "%.0f"
     assert "host down or network cut" in result.loss.reason
@@ -539,6 +542,7 @@ def test_a_stop_signal_stops_the_job_as_ctrl_c_does_and_up_exits_128_plus_it(
     result, out, backend = run_job(script, tmp_path, observer=observer)
     assert result.exit_code == 128 + signum and result.signal == signum and result.interrupted
     assert backend.stops == [(("a", "b"), False)]  # gracefully, as a first Ctrl-C
+    assert backend.failed_stops == [False], "a signal is the user's stop, not a failure"
     notice = next(n for n in out.notices if words in n)
     assert f"`up` exits {128 + signum}" in notice
     assert states(result) == {"a": HostState.STOPPED, "b": HostState.STOPPED}

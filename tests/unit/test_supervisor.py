@@ -121,7 +121,7 @@ def test_state_file_and_argv_with_log_dir(supervise: Callable[..., Supervised]) 
     assert sup.state()["status"] == "exited"
 
 
-@pytest.mark.parametrize("how", ["close_stdin", "abort", "STOP"])
+@pytest.mark.parametrize("how", ["close_stdin", "abort", "STOP", "ABORT"])
 def test_losing_or_stopping_the_control_plane_ends_torchrun_and_its_detached_child(
         supervise: Callable[..., Supervised], how: str) -> None:
     sup = supervise(f"sup-{how.lower()}-1")
@@ -132,12 +132,14 @@ def test_losing_or_stopping_the_control_plane_ends_torchrun_and_its_detached_chi
     elif how == "abort":
         sup.running.abort()
     else:
-        sup.running.send(b"STOP\n")
-    _code, result, _output = sup.finish()
+        sup.running.send(how.encode() + b"\n")
+    code, result, _output = sup.finish()
     wait_until(gone(pids), 15, "torchrun and its setsid child to end")
-    expected = "stopped by the control plane" if how == "STOP" else "control connection lost"
-    assert expected in result["stop_reason"]
+    expected = {"STOP": "stopped by the control plane", "ABORT": "stopped by the control plane: the job failed"}
+    assert expected.get(how, "control connection lost") in result["stop_reason"]
     assert sup.state()["status"] == "exited"
+    if how == "ABORT":  # torchrun got SIGKILL, not a grace; the job failed, as torchrun would say
+        assert code == 1 and result["exit_code"] == 1
 
 
 def test_no_heartbeat_stops_the_job(supervise: Callable[..., Supervised]) -> None:
@@ -160,7 +162,7 @@ def test_program_exit_code_is_the_agent_exit_code(supervise: Callable[..., Super
 # records its error as the rank wrapper does and then takes its time to exit; rank 0 is healthy and
 # notes the SIGTERM that gives it its grace period.
 FAILING_RANKS = """
-import json, os, subprocess, sys, time
+import json, os, signal, subprocess, sys, time
 RANK = '''
 import json, os, signal, sys, time
 me = sys.argv[1]
@@ -175,6 +177,7 @@ if me == "1":
 open(os.environ["MARKS"] + "/up." + me, "w").close()
 time.sleep(300)
 '''
+signal.signal(signal.SIGTERM, lambda s, f: open(os.environ["MARKS"] + "/term.torchrun", "w").close())
 ranks = [subprocess.Popen([sys.executable, "-c", RANK, str(r)], start_new_session=True) for r in (0, 1)]
 with open(os.environ["PIDFILE"] + ".tmp", "w") as f:
     f.write(" ".join(str(pid) for pid in [os.getpid(), *(p.pid for p in ranks)]))
@@ -189,8 +192,9 @@ time.sleep(300)
 def test_a_failed_rank_ends_the_job_on_its_host_without_the_control_plane(tmp_path: Path,
                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """The supervisor reads the rank's error record itself: the failed rank is SIGKILLed at once
-    (no grace: its handler never runs), the healthy one gets SIGTERM, torchrun ends, and all of it
-    with stdin still open and no STOP from the control plane."""
+    (no grace: its handler never runs), and so is torchrun (its SIGTERM handler would only pass the
+    signal on); the healthy rank gets SIGTERM, and all of it with stdin still open and no STOP
+    from the control plane."""
     monkeypatch.setenv("DDPCTL_STATE_ROOT", str(tmp_path / "state"))
     script, pidfile, marks = tmp_path / "fake_torchrun.py", tmp_path / "pids", tmp_path / "marks"
     script.write_text(FAILING_RANKS)
@@ -206,9 +210,10 @@ def test_a_failed_rank_ends_the_job_on_its_host_without_the_control_plane(tmp_pa
         code, result, _output = sup.finish(timeout=25)  # well inside the 30 s grace and rank 1's sleep
         wait_until(gone(pids), 15, "torchrun and both ranks to end")
         assert result["stop_reason"] == "rank 1 failed (RuntimeError)"
-        assert code != 0 and result["first_error"]["message"] == "boom"
+        assert code == 1 and result["exit_code"] == 1 and result["first_error"]["message"] == "boom"
         assert (marks / "term.0").exists(), "the healthy rank got no SIGTERM"
         assert not (marks / "term.1").exists(), "the failed rank was given a grace period"
+        assert not (marks / "term.torchrun").exists(), "torchrun was given a grace period"
     finally:
         running.close_stdin()
         running.wait(10)

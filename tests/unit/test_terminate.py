@@ -9,7 +9,7 @@ import sys
 from collections.abc import Iterator
 
 from node_agent.procfs import alive
-from node_agent.runstate import end_job
+from node_agent.runstate import JobScan, end_job
 from node_agent.terminate import terminate
 from tests.unit.ports_listeners import reap
 
@@ -26,10 +26,13 @@ GROUP = ("import subprocess, sys, time\n"
 
 
 @contextlib.contextmanager
-def running(code: str, env: dict[str, str] | None = None, new_session: bool = False) -> Iterator[list[int]]:
-    """Start python -c code; yields [its pid, *pids it printed after 'ready'], all SIGKILLed at exit."""
+def running(code: str, env: dict[str, str] | None = None, new_session: bool = False,
+            bare: bool = False) -> Iterator[list[int]]:
+    """Start python -c code; yields [its pid, *pids it printed after 'ready'], all SIGKILLed at exit.
+    `bare`: `env` is its whole environment."""
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
-                            env={**os.environ, **(env or {})}, start_new_session=new_session)
+                            env=dict(env or {}) if bare else {**os.environ, **(env or {})},
+                            start_new_session=new_session)
     pids = [proc.pid]
     try:
         assert proc.stdout is not None
@@ -94,3 +97,21 @@ def test_end_job_ends_every_process_carrying_the_job_id() -> None:
         assert set(outcome["commands"]) == {str(leader), str(kid), str(stubborn)}
         assert not any(alive(p) for p in (leader, kid, stubborn))
         assert alive(bystander), "a process of another job was ended"
+
+
+def test_a_job_scan_matches_the_whole_id_and_this_node_only() -> None:
+    """The id is matched whole (not as a prefix of another job's), wherever it sits in the
+    environment; a process of another node rank on a shared process table is not this node's; one
+    started after the first scan is found by the next."""
+    job = "scan-test-1"
+    with running(SLEEPER, {"DDPCTL_JOB_ID": job, "DDPCTL_NODE_RANK": "0"}) as (ours,), \
+            running(SLEEPER, {"DDPCTL_JOB_ID": job}, bare=True) as (first_var,), \
+            running(SLEEPER, {"DDPCTL_JOB_ID": job, "DDPCTL_NODE_RANK": "1"}) as (other_node,), \
+            running(SLEEPER, {"DDPCTL_JOB_ID": job + "0", "DDPCTL_NODE_RANK": "0"}) as (other_job,):
+        scan = JobScan(job, node_rank=0)
+        assert scan() == sorted([ours, first_var])
+        assert JobScan(job)() == sorted([ours, first_var, other_node])
+        assert JobScan(job + "0", node_rank=0)() == [other_job]
+        with running(SLEEPER, {"DDPCTL_JOB_ID": job}) as (late,):
+            assert scan() == sorted([ours, first_var, late])
+        assert late not in scan(), "a process gone is still listed"

@@ -72,8 +72,9 @@ class Backend(Protocol):
     def start(self, plan: LaunchPlan, options: LaunchOptions, emit: Emit) -> None:
         """Start every node of the plan and return at once; events follow through `emit`."""
 
-    def stop(self, hosts: Sequence[str], force: bool) -> None:
-        """Ask these nodes to stop: gracefully (SIGTERM, then SIGKILL after the grace), or now."""
+    def stop(self, hosts: Sequence[str], force: bool, failed: bool = False) -> None:
+        """Ask these nodes to stop: gracefully (SIGTERM, then SIGKILL after the grace), or now.
+        `failed`: the job has failed already, so only the ranks get the grace, never torchrun."""
 
     def drop(self, host: str) -> None:
         """Give up on a node (lost): close what connects us to it; it ends its part on its own."""

@@ -288,9 +288,10 @@ class SlurmBackend:
             emit(Problem(hl.host.name, f"{why} before {hl.host.name} reported"))
             emit(Exited(hl.host.name, code or 1))
 
-    def stop(self, hosts: Sequence[str], force: bool) -> None:
+    def stop(self, hosts: Sequence[str], force: bool, failed: bool = False) -> None:
         """Slurm stops a job as a whole: scancel (SIGTERM to every node, SIGKILL after KillWait);
-        force sends SIGKILL now."""
+        force sends SIGKILL now. A failed job is cancelled the same way (a node's own failed rank
+        ends its torchrun at once: node_agent/supervisor.py)."""
         with self.lock:
             sub = self.submitted
         if sub is not None:

@@ -297,8 +297,8 @@ class SshBackend:
         except Exception:
             stream.abort()
 
-    def stop(self, hosts: Sequence[str], force: bool) -> None:
-        word = b"KILL\n" if force else b"STOP\n"
+    def stop(self, hosts: Sequence[str], force: bool, failed: bool = False) -> None:
+        word = b"KILL\n" if force else b"ABORT\n" if failed else b"STOP\n"
         with self.lock:
             for name in hosts:
                 self.stopping[name] = word

@@ -2,7 +2,7 @@
 set -e
 module load cuda/12.4
 source /opt/venv/bin/activate
-exec sh -c 'P="$1"; command -v "$P" >/dev/null 2>&1 || P=python3; exec "$P" -c "$2"' ddpctl-agent /opt/venv/bin/python 'import sys, os, json, zlib, marshal, importlib.machinery as m
+exec sh -c 'P="$1"; command -v "$P" >/dev/null 2>&1 || P=python3; exec "$P" -S -c "$2"' ddpctl-agent /opt/venv/bin/python 'import sys, os, json, zlib, marshal, importlib.machinery as m
 b = sys.stdin.buffer
 size, key = b.readline().split()
 blob = b.read(int(size))
