@@ -6,7 +6,6 @@ starts in the session that checked it (one SSH session per host, the agent shipp
 
 from __future__ import annotations
 
-import ipaddress
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -14,7 +13,7 @@ from dataclasses import dataclass, field
 from inventory import ConfigError, Job
 from inventory.fields import is_ip_address
 from inventory.gpus import declared_gpus, selection
-from orchestrator.doctor.addressing import Addressing, PickedInterfaces
+from orchestrator.doctor.addressing import Addressing, PickedInterfaces, is_loopback
 from orchestrator.doctor.checks import run_checks
 from orchestrator.doctor.context import from_job
 from orchestrator.doctor.gather import (
@@ -123,7 +122,7 @@ def needs_hosts(job: Job) -> bool:
     if len(job.hosts) < 2 or job.rendezvous.master_addr is not None or all(h.is_local for h in job.hosts):
         return False
     address = job.master_host.address
-    return not is_ip_address(address) or ipaddress.ip_address(address).is_loopback
+    return not is_ip_address(address) or is_loopback(address)
 
 
 def launch_facts(job: Job, checks: bool) -> tuple[str, ...]:
