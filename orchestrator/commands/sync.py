@@ -27,7 +27,7 @@ from orchestrator.commands.common import (
 from orchestrator.commands.sync_view import SyncView
 from orchestrator.remote.pool import make_pool
 from orchestrator.sync.core import Progress, SyncEvent, SyncReport, sync_job
-from orchestrator.sync.text import count_text, size_text
+from orchestrator.sync.units import count_text, size_text
 
 
 @handle_errors
@@ -79,9 +79,14 @@ def _summary(report: SyncReport, dry_run: bool) -> None:
     if report.skipped_links:
         err_console.print(f"ddpctl: not followed (symlinks to directories): {', '.join(report.skipped_links)}",
                           markup=False)
-    sent = sum(len(r.changes.send) for r in report.synced.values())
-    sent_bytes = sum(r.changes.send_bytes for r in report.synced.values())
-    verb = "would send" if dry_run else "sent"
+    synced = report.synced.values()
+    sent = sum(len(r.changes.send) for r in synced)
+    sent_bytes = sum(r.changes.send_bytes for r in synced)
+    removed = sum(len(r.changes.remove) for r in synced)
+    conflicts = sum(len(r.changes.conflicts) for r in synced)
+    verb, remove_verb = ("would send", "would remove") if dry_run else ("sent", "removed")
+    kept = f"; {count_text(conflicts, 'path')} kept as the host's (listed above)" if conflicts else ""
     err_console.print(f"ddpctl: {report.source}: {count_text(report.files, 'file')} "
                       f"({size_text(report.total_bytes)}); {len(report.synced)} host(s) ok, {len(report.failed)} "
-                      f"failed; {verb} {count_text(sent, 'file')} ({size_text(sent_bytes)}) in all", markup=False)
+                      f"failed; {verb} {count_text(sent, 'file')} ({size_text(sent_bytes)}), {remove_verb} "
+                      f"{removed} in all{kept}", markup=False)

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from rich.text import Text
 
 from orchestrator.sync.core import HostSync, SyncEvent, SyncPlanned, SyncSent
-from orchestrator.sync.text import size_text, sync_line
+from orchestrator.sync.text import sync_line
+from orchestrator.sync.units import size_text
 
 
 @dataclass

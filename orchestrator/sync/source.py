@@ -12,8 +12,11 @@ from pathlib import Path
 import pathspec
 
 from inventory.sync import SyncSpec
+from node_agent.syncdest import RECORD_DIR
 
-ALWAYS_SKIPPED = (".git/",)  # a repository's own data never goes to the hosts
+# A repository's own data never goes to the hosts, nor do the records of what earlier syncs put in
+# a copy (the source may itself be such a copy).
+ALWAYS_SKIPPED = (".git/", f"{RECORD_DIR}/")
 
 
 class Filter:
@@ -57,6 +60,7 @@ class SourceFile:
     size: int
     mtime: int  # whole seconds: what SFTP (v3) can set on the other end
     mode: int
+    link: bool = False  # a symlink to a file in the source (the file's contents are sent)
 
 
 @dataclass
@@ -130,12 +134,14 @@ def scan(spec: SyncSpec, keep_out: tuple[Path, ...] = ()) -> SourceTree:
             if filt.skips(rel, is_dir=False):
                 continue
             try:
+                link = (here / name).is_symlink()
                 st = (here / name).stat()  # follows a link to a file
             except OSError:
                 tree.unsent.add(rel)  # a dangling link, or gone while we walked
                 continue
             if stat.S_ISREG(st.st_mode):
-                tree.files[rel] = SourceFile(here / name, st.st_size, int(st.st_mtime), stat.S_IMODE(st.st_mode))
+                tree.files[rel] = SourceFile(here / name, st.st_size, int(st.st_mtime), stat.S_IMODE(st.st_mode),
+                                             link)
             else:
                 tree.unsent.add(rel)
     return tree

@@ -17,7 +17,7 @@ import shutil
 import tarfile
 import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Protocol
 
@@ -32,6 +32,25 @@ from orchestrator.sync.source import SourceFile, SourceTree
 Sent = Callable[[str, int, int], None]  # (path, bytes sent since the last call, files now landed)
 Unpack = Callable[[str], int]  # land the bundle at this path (relative to the root); files landed
 BUNDLE_MIN_FILES = 32  # from this many files to send, one tar bundle instead of a put per file
+FAILURES = (OSError, paramiko.SSHException, EOFError, tarfile.TarError)  # what a step on a host may raise
+
+
+class TransferError(Exception):
+    """A step of applying a host's changes failed: the path it was at (relative to the root) and
+    the error, which over SFTP may be no more than "Failure"."""
+
+    def __init__(self, rel: str, cause: BaseException) -> None:
+        super().__init__(f"{rel}: {cause}")
+        self.rel = rel
+        self.cause = cause
+
+
+@contextlib.contextmanager
+def _at(rel: str) -> Iterator[None]:
+    try:
+        yield
+    except FAILURES as exc:
+        raise TransferError(rel, exc) from exc
 
 
 class Sink(Protocol):
@@ -201,19 +220,24 @@ def apply(changes: Changes, tree: SourceTree, sink: Sink, sent: Sent, bundles: B
           unpack: Unpack | None = None) -> int:
     """Make the host's copy match: removals and new directories, then the files (one bundle
     where there are many and `unpack` can land it, else one by one), then modes and emptied
-    directories. Returns how many emptied directories were removed."""
+    directories. Returns how many emptied directories were removed. A failed step raises
+    TransferError naming its path."""
     for rel in changes.remove:
-        sink.remove(rel)
+        with _at(rel):
+            sink.remove(rel)
     for rel in changes.mkdirs:
-        sink.mkdir(rel)
+        with _at(rel):
+            sink.mkdir(rel)
     if bundles is not None and unpack is not None and len(changes.send) >= BUNDLE_MIN_FILES:
         _send_bundle(changes, bundles, sink, sent, unpack)
     else:
         for rel in changes.send:
-            sink.put(rel, tree.files[rel], sent)
+            with _at(rel):
+                sink.put(rel, tree.files[rel], sent)
             sent(rel, 0, 1)
     for rel in changes.chmod:
-        sink.chmod(rel, tree.files[rel].mode)
+        with _at(rel):
+            sink.chmod(rel, tree.files[rel].mode)
     return sum(1 for rel in changes.rmdirs if sink.rmdir(rel))
 
 
@@ -225,5 +249,6 @@ def _send_bundle(changes: Changes, bundles: Bundles, sink: Sink, sent: Sent, unp
     def progress(rel: str, nbytes: int, files: int) -> None:
         sent(rel, round(nbytes * scale), files)
 
-    sink.put(name, bundle, progress)  # unpack removes it, whatever happens
+    with _at(name):
+        sink.put(name, bundle, progress)  # unpack removes it, whatever happens
     sent(name, 0, unpack(name))

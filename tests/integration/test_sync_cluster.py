@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,13 +22,18 @@ DEST = "/srv/proj"
 ODD = "we i'rd $(touch PWNED); x.txt"  # SFTP takes no shell, but a file name must survive any path
 
 TRAIN = """\
-import os, socket
+import os, socket, sys
+sys.dont_write_bytecode = False  # the host's Python caches msg.py in __pycache__/, as by default
 import torch.distributed as dist
 import msg
 
 dist.init_process_group("gloo")
 print(f"rank {dist.get_rank()} on {socket.gethostname()} in {os.getcwd()}: {msg.MESSAGE}", flush=True)
 assert not os.path.exists("data"), "data/ is excluded and must not reach the host"
+for folder, name in (("outputs", f"rank{dist.get_rank()}.txt"), ("checkpoints", "last.pt")):
+    os.makedirs(folder, exist_ok=True)  # what a job writes in its directory: the host's own
+    with open(os.path.join(folder, name), "w") as f:
+        f.write(f"written by rank {dist.get_rank()}\\n")
 dist.barrier()
 dist.destroy_process_group()
 """
@@ -71,8 +77,10 @@ def write_sync_job(cluster: Cluster, proj: Path, sync_lines: str, dest: str = DE
 
 
 def remote_files(cluster: Cluster, i: int, root: str = DEST) -> set[str]:
-    """Every file under `root` on host i (its private mount namespace), relative to root."""
-    out = cluster.run_in(i, ["find", root, "-type", "f", "-printf", "%P\\n"])
+    """Every file under `root` on host i (its private mount namespace), relative to root, but the
+    sync's records (.ddpctl-sync/)."""
+    out = cluster.run_in(i, ["find", root, "-path", f"{root}/.ddpctl-sync", "-prune", "-o", "-type", "f",
+                             "-printf", "%P\\n"])
     assert out.returncode == 0, out.stderr
     return {line for line in out.stdout.splitlines() if line}
 
@@ -241,10 +249,94 @@ def test_a_first_copy_of_many_files_lands_whole_on_every_host(cluster: Cluster, 
     assert all(len(h["sent"]) > 120 for h in json.loads(out.stdout)["hosts"].values())
     for i in range(2):
         files = remote_files(cluster, i)
-        assert set(many) <= files and not [f for f in files if "ddpctl" in f], files
+        assert set(many) <= files and not [f for f in files if "ddpctl" in f], files  # no bundle, no temp file
         sums = cluster.run_in(i, ["sh", "-c", f"cd {DEST} && cat gen/*.py | sha256sum"]).stdout.split()[0]
         assert sums == hashlib.sha256("".join(many[k] for k in sorted(many)).encode()).hexdigest()
         mode = cluster.run_in(i, ["stat", "-c", "%a", f"{DEST}/gen/m007.py"]).stdout.strip()
         assert mode == "700"
     again = run_ddpctl("sync", str(project / "job.toml"), "--json", *ssh_args(cluster))
     assert all(h["sent"] == [] for h in json.loads(again.stdout)["hosts"].values())  # mtimes came along
+
+
+def sync(cluster: Cluster, job: Path) -> tuple[int, str]:
+    out = run_ddpctl("sync", str(job), "--runs-dir", str(job.parent / "runs"), *ssh_args(cluster))
+    return out.returncode, out.stdout + out.stderr
+
+
+def test_what_the_job_wrote_survives_later_syncs_and_what_the_source_dropped_goes(
+        cluster: Cluster, project: Path) -> None:
+    job = project / "job.toml"
+    code, out = up(cluster, job)
+    assert code == 0, out
+    made = {}
+    for i in range(2):  # the job's checkpoint and outputs, and the host's Python's bytecode cache
+        files = remote_files(cluster, i)
+        pyc = [f for f in files if f.startswith("__pycache__/msg.") and f.endswith(".pyc")]
+        assert {"checkpoints/last.pt", f"outputs/rank{i}.txt"} <= files and pyc, files
+        made[i] = {"checkpoints/last.pt", f"outputs/rank{i}.txt", *pyc}
+        assert "pkg/util.py" in files
+    (project / "pkg" / "util.py").unlink()
+    code, out = sync(cluster, job)
+    assert code == 0, out
+    for i in range(2):
+        assert f"sync node{i}: 1 removed" in out and "removed 1 file no longer in the source: pkg/util.py" in out, out
+        assert f"kept {len(made[i])} files the host made" in out, out
+    for _ in range(3):
+        code, out = sync(cluster, job)
+        assert code == 0 and out.count("up to date") == 2, out
+    for i in range(2):
+        files = remote_files(cluster, i)
+        assert made[i] <= files and "pkg/util.py" not in files, files
+        assert remote_text(cluster, i, "checkpoints/last.pt") == f"written by rank {i}\n"
+        record = cluster.run_in(i, ["sh", "-c", f"cat {DEST}/.ddpctl-sync/*.json"])
+        assert json.loads(record.stdout)["source"] == str(project), record.stdout
+
+
+def read_only(cluster: Cluster, i: int, path: str) -> None:
+    """A read-only bind mount of `path` over itself, in host i's own mount namespace only."""
+    done = cluster.run_in(i, ["sh", "-c", f"mkdir -p {path} && mount --bind {path} {path} && "
+                                          f"mount -o remount,ro,bind {path}"])
+    assert done.returncode == 0, done.stderr
+
+
+def test_a_read_only_target_is_named_with_the_host_the_path_and_the_os_error(
+        cluster: Cluster, project: Path) -> None:
+    job = project / "job.toml"
+    assert sync(cluster, job)[0] == 0
+    read_only(cluster, 1, DEST)
+    try:
+        current = sync(cluster, job)  # an up-to-date copy needs no write
+        (project / "msg.py").write_text('MESSAGE = "version 3"\n')  # other sizes: seen whatever the mtimes
+        (project / "pkg" / "util.py").write_text("X = 22\n")
+        code, out = sync(cluster, job)
+    finally:
+        cluster.run_in(1, ["umount", DEST])
+    assert current[0] == 0 and "sync node1: up to date" in current[1], current[1]
+    assert code == 1, out
+    assert f"node1: cannot write to {DEST}: Read-only file system" in out, out
+    assert "Failure" not in out and "fix: remount the filesystem of" in out, out
+    assert remote_text(cluster, 0, "msg.py") == 'MESSAGE = "version 3"\n'  # the other host took it
+
+    read_only(cluster, 1, f"{DEST}/pkg")  # the copy's root can be written: SFTP fails at pkg/util.py
+    try:
+        code, out = sync(cluster, job)
+    finally:
+        cluster.run_in(1, ["umount", f"{DEST}/pkg"])
+    assert code == 1, out
+    assert f"node1: cannot write to {DEST}/pkg: Read-only file system" in out and "Failure" not in out, out
+
+
+def test_a_full_target_is_named_before_anything_is_sent(cluster: Cluster, project: Path) -> None:
+    mounted = cluster.run_in(1, ["sh", "-c", f"mkdir -p {DEST} && mount -t tmpfs -o size=64k ddpctl-full {DEST}"])
+    assert mounted.returncode == 0, mounted.stderr
+    (project / "weights.bin").write_bytes(os.urandom(256 << 10))
+    try:
+        code, out = sync(cluster, project / "job.toml")
+        left = remote_files(cluster, 1)
+    finally:
+        cluster.run_in(1, ["umount", DEST])
+    assert code == 1, out
+    assert re.search(rf"node1: cannot write to {DEST}: No space left on device \(25\d\.\d KiB to send, 64\.0 KiB "
+                     r"free\)", out), out
+    assert left == set()  # refused before anything went
+    assert "weights.bin" in remote_files(cluster, 0)

@@ -1,6 +1,6 @@
 """[sync] without a cluster: the job file's table, which files go (exclude, .gitignore, .git/),
-what a host needs (the pure diff), the node agent's manifest, and a real sync to a local
-directory through the same core `up` uses."""
+the node agent's manifest, and a real sync to a local directory through the same core `up` uses
+(the pure diff: test_sync_diff.py; what the host made and the record: test_sync_record.py)."""
 
 from __future__ import annotations
 
@@ -82,11 +82,13 @@ def test_exclude_gitignore_and_git_dir(tmp_path: Path) -> None:
         "train.py": "", ".gitignore": "*.ckpt\nlogs/\n!keep.ckpt\n", "a.ckpt": "", "keep.ckpt": "",
         "logs/x": "", "data/big": "", "pkg/.gitignore": "local.txt\n", "pkg/local.txt": "", "pkg/m.py": "",
         "local.txt": "", ".git/HEAD": "", "sub/.git": "gitfile", "runs/job/a.log": "",
+        ".ddpctl-sync/0123.json": "{}",  # the source is itself a synced copy: its records stay
     })
     tree = scan(SyncSpec(src=src, exclude=("data/",)), keep_out=(src / "runs", tmp_path / "elsewhere"))
     assert set(tree.files) == {"train.py", ".gitignore", "keep.ckpt", "pkg/.gitignore", "pkg/m.py", "local.txt",
                                "sub/.git"}
     assert "logs" not in tree.dirs and ".git" not in tree.dirs and "runs" not in tree.dirs
+    assert ".ddpctl-sync" not in tree.dirs
     everything = scan(SyncSpec(src=src, gitignore=False))
     assert {"a.ckpt", "logs/x", "pkg/local.txt", "data/big"} <= set(everything.files)
     assert not any(f.startswith(".git/") for f in everything.files)  # the repository itself never goes
@@ -104,31 +106,6 @@ def test_symlinks_to_files_send_the_file_and_links_to_directories_are_reported(t
 
 # -- what a host needs --------------------------------------------------------------------------
 
-def test_diff_by_size_and_mtime_modes_deletions_and_protected_paths(tmp_path: Path) -> None:
-    src = tree_at(tmp_path / "p", {"same.py": "s", "newer.py": "n", "bigger.py": "bb", "mode.sh": "m",
-                                   "new/deep/f": "", ".gitignore": "out/\n"})
-    os.chmod(src / "mode.sh", 0o755)
-    tree = scan(SyncSpec(src=src, exclude=("*.ckpt",)))
-    f = tree.files
-    remote = Manifest("/r", {
-        "same.py": (1, f["same.py"].mtime, f["same.py"].mode, None),
-        "newer.py": (1, f["newer.py"].mtime - 5, f["newer.py"].mode, None),
-        "bigger.py": (1, f["bigger.py"].mtime, f["bigger.py"].mode, None),
-        "mode.sh": (1, f["mode.sh"].mtime, 0o644, None),
-        ".gitignore": (5, f[".gitignore"].mtime, f[".gitignore"].mode, None),
-        "old.py": (1, 0, 0o644, None), "old/x.py": (1, 0, 0o644, None), "w.ckpt": (1, 0, 0o644, None),
-        "out/result": (1, 0, 0o644, None),
-    }, frozenset({"old", "out", "new"}), frozenset({"link"}))
-    changes = diff(tree, remote, delete=True, checksum=False)
-    assert changes.send == ("bigger.py", "new/deep/f", "newer.py")
-    assert changes.chmod == ("mode.sh",)
-    assert changes.remove == ("link", "old.py", "old/x.py")  # not w.ckpt (excluded), not out/ (ignored)
-    assert changes.mkdirs == ("new/deep",) and changes.rmdirs == ("old",)
-    assert changes.send_bytes == 3 and changes.unchanged == 2
-    kept = diff(tree, remote, delete=False, checksum=False)
-    assert kept.remove == () and kept.rmdirs == ()
-
-
 def test_what_the_source_holds_but_does_not_send_is_never_removed(tmp_path: Path) -> None:
     """The host's copy may be the source itself (this machine, or a shared filesystem): links to
     directories, dangling links and other non-files there are the user's, not stale copies."""
@@ -139,23 +116,10 @@ def test_what_the_source_holds_but_does_not_send_is_never_removed(tmp_path: Path
     listed = Manifest.from_reply(manifest({"root": str(src)}, None))  # type: ignore[arg-type]
     changes = diff(tree, listed, delete=True, checksum=False)
     assert changes.empty and changes.unchanged == 2
-    elsewhere = diff(tree, Manifest("/r", other=frozenset({"stale-link"})), delete=True, checksum=False)
-    assert elsewhere.remove == ("stale-link",)  # a link the source does not have still goes
-
-
-def test_checksum_mode_compares_contents(tmp_path: Path) -> None:
-    src = tree_at(tmp_path / "p", {"a.py": "same", "b.py": "diff"})
-    tree = scan(SyncSpec(src=src, checksum=True))
-    f = tree.files
-    remote = Manifest("/r", {"a.py": (4, 0, f["a.py"].mode, tree.sha256("a.py")),
-                             "b.py": (4, f["b.py"].mtime, f["b.py"].mode, "0" * 64)})
-    assert diff(tree, remote, delete=True, checksum=True).send == ("b.py",)  # a.py's old mtime is fine
-
-
-def test_a_link_where_a_directory_goes_is_removed_first(tmp_path: Path) -> None:
-    tree = scan(SyncSpec(src=tree_at(tmp_path / "p", {"d/f": ""})))
-    changes = diff(tree, Manifest("/r", other=frozenset({"d"})), delete=False, checksum=False)
-    assert changes.remove == ("d",) and changes.mkdirs == ("d",) and changes.send == ("d/f",)
+    (src / "alias.py").symlink_to(src / "a.py")  # a link to a file: the host's copy is the source itself
+    again = diff(scan(SyncSpec(src=src)), Manifest.from_reply(manifest({"root": str(src)}, None)),  # type: ignore[arg-type]
+                 delete=True, checksum=False)
+    assert again.empty and again.conflicts == () and again.unchanged == 3
 
 
 # -- the node agent's side ----------------------------------------------------------------------
@@ -284,7 +248,8 @@ def test_many_files_go_as_one_bundle_with_modes_and_mtimes(tmp_path: Path) -> No
     assert all((dest / rel).read_text() == text for rel, text in files.items())
     assert (dest / "pkg0" / "m0.py").stat().st_mode & 0o777 == 0o750
     assert (dest / "pkg1" / "m1.py").stat().st_mtime == 1_600_000_000
-    assert not [p for p in dest.rglob("*") if "ddpctl" in p.name]  # neither the bundle nor a temp file
+    leftovers = [p for p in dest.rglob("*") if "ddpctl" in p.name and ".ddpctl-sync" not in p.parts]
+    assert leftovers == [] and len(list((dest / ".ddpctl-sync").glob("*.json"))) == 1  # no bundle nor temp file
     from orchestrator.sync.core import SyncSent
     sent = [e for e in events if isinstance(e, SyncSent)]
     assert sum(e.files for e in sent) == 41 and any(e.path.startswith(".ddpctl-bundle-") for e in sent)
@@ -306,8 +271,8 @@ def test_unpack_refuses_members_outside_the_root_and_always_removes_the_archive(
                 tar.addfile(info, io.BytesIO(data))
         return name
 
-    with pytest.raises(FileNotFoundError):  # x/ must exist first: the sender makes directories
-        unpack({"root": str(root), "archive": archive("a.tar", {"x/y.txt": b"hi"})}, None)  # type: ignore[arg-type]
+    missing = unpack({"root": str(root), "archive": archive("a.tar", {"x/y.txt": b"hi"})}, None)  # type: ignore[arg-type]
+    assert "No such file or directory" in missing["error"] and missing["errno"] == "ENOENT"  # the sender makes x/
     assert not (root / "a.tar").exists()
     (root / "x").mkdir()
     ok = unpack({"root": str(root), "archive": archive("b.tar", {"x/y.txt": b"hi"})}, None)  # type: ignore[arg-type]
