@@ -8,6 +8,7 @@ from inventory.loading import load_inventory
 from inventory.model import (
     LOCALHOST,
     Host,
+    HostNproc,
     Inventory,
     Job,
     JobOverrides,
@@ -20,6 +21,7 @@ __all__ = [
     "LOCALHOST",
     "ConfigError",
     "Host",
+    "HostNproc",
     "Inventory",
     "Job",
     "JobOverrides",

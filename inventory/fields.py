@@ -16,7 +16,7 @@ NPROC_WORDS = ("gpu", "cpu", "auto")
 MAX_NPROC_PER_NODE = 1024
 """Most processes one host may run (nproc_per_node, hostfile/inventory slots) and most GPUs it may
 declare: far beyond any real machine, so a larger number is a typo, not a cluster."""
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")  # \Z: "$" would let a trailing newline through
 _TOKEN_BAD = re.compile(r"[\s\x00-\x1f\x7f]")
 
 
@@ -81,7 +81,16 @@ def expect_str(src: Reporter, key: str, value: object) -> str:
         raise src.error(key, f"expected a string, got {describe(value)}", hint, value=value)
     if not value.strip():
         raise src.error(key, "must not be empty", "give a non-empty string", value=value)
-    return value
+    return expect_no_nul(src, key, value)
+
+
+def expect_no_nul(src: Reporter, key: str, text: str) -> str:
+    """Every string of a job ends up in an argv, an environment or a path, none of which can hold
+    a NUL byte (TOML's "\\u0000"): refused here, where the key is known, not on every host."""
+    if "\0" in text:
+        raise src.error(key, 'the value contains a NUL byte ("\\u0000" in TOML), which no command line, '
+                        "environment variable or path can hold", "remove it", value=text)
+    return text
 
 
 def expect_token(src: Reporter, key: str, value: object) -> str:
@@ -264,7 +273,7 @@ def expect_env(src: Reporter, key: str, value: object) -> dict[str, str]:
                 else "environment values must be strings"
             )
             raise src.error(item_key, f"expected a string, got {describe(raw)}", hint, value=raw)
-        env[name] = raw
+        env[name] = expect_no_nul(src, item_key, raw)
     return env
 
 
@@ -281,7 +290,7 @@ def expect_str_list(src: Reporter, key: str, value: object) -> list[str]:
             raise src.error(
                 f"{key}[{i}]", f"expected a string, got {describe(item)}", hint, value=item
             )
-        out.append(item)
+        out.append(expect_no_nul(src, f"{key}[{i}]", item))
     return out
 
 

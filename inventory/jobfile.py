@@ -16,6 +16,7 @@ from inventory.fields import (
     expect_env,
     expect_env_name,
     expect_int,
+    expect_no_nul,
     expect_nproc,
     expect_port,
     expect_str,
@@ -55,15 +56,15 @@ FLAG_MASTER_PORT = "--master-port"
 FLAG_ENV = "--env"
 FLAG_HOSTS = "--hosts"
 
-_JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-_MODULE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+_JOB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*\Z")  # \Z: "$" would let a trailing newline through
+_MODULE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*\Z")
 
 
 @dataclass(frozen=True)
 class _Spec:
     """Everything read from the job file, before overrides and cross-checks."""
 
-    nproc: NprocSpec
+    nproc: NprocSpec | None  # None: not set (each host's slots, else 1)
     master_addr: str | None
     master_port: int | Literal["auto"]
     backend: Literal["static", "c10d"]
@@ -158,7 +159,7 @@ def _lost_after(doc: TomlFile) -> float | None:
     return float(expect_int(doc, "supervise.lost_after", table["lost_after"], MIN_LOST_AFTER_S, MAX_JOIN_TIMEOUT_S))
 
 
-def _check_slurm_nproc(doc: Reporter, nproc: NprocSpec, slurm: SlurmSpec) -> None:
+def _check_slurm_nproc(doc: Reporter, nproc: NprocSpec | None, slurm: SlurmSpec) -> None:
     """On Slurm, "gpu" and "cpu" are read from what the job asks for, not from a host."""
     if nproc == "gpu" and not slurm.gpus_per_node:
         raise doc.error("job.nproc_per_node", 'nproc_per_node = "gpu" on Slurm needs slurm.gpus_per_node',
@@ -301,7 +302,9 @@ def _read_spec(doc: TomlFile, section: dict[str, Any], inventory: Inventory) -> 
     master_addr = rdzv.get("master_addr")
     hosts = section.get("hosts")
     return _Spec(
-        nproc=expect_nproc(doc, "job.nproc_per_node", section.get("nproc_per_node", 1)),
+        nproc=expect_nproc(doc, "job.nproc_per_node", section["nproc_per_node"])
+        if "nproc_per_node" in section
+        else None,
         master_addr=expect_str(doc, "rendezvous.master_addr", master_addr)
         if master_addr is not None
         else None,
@@ -356,7 +359,7 @@ def _apply_overrides(spec: _Spec, overrides: JobOverrides, inventory: Inventory)
         env = dict(spec.env)
         flag = FlagReporter(FLAG_ENV)
         for name, value in overrides.env:
-            env[expect_env_name(flag, FLAG_ENV, name)] = str(value)
+            env[expect_env_name(flag, FLAG_ENV, name)] = expect_no_nul(flag, FLAG_ENV, str(value))
         spec = replace(spec, env=env)
     if overrides.hosts is not None:
         entries = [part for item in overrides.hosts for part in split_host_list(item)]

@@ -77,6 +77,17 @@ class Rendezvous:
     pick_interfaces: bool = True
 
 
+NPROC_FROM_JOB = "job nproc_per_node"
+
+
+@dataclass(frozen=True)
+class HostNproc:
+    """What decides one host's process count, and where it came from (the dry run shows it)."""
+
+    spec: NprocSpec
+    source: str  # NPROC_FROM_JOB, "hostfile slots", "inventory slots" or "default"
+
+
 @dataclass(frozen=True)
 class Job:
     name: str
@@ -85,7 +96,7 @@ class Job:
     script: str | None = None  # exactly one of script / module is set
     module: str | None = None
     args: tuple[str, ...] = ()
-    nproc_per_node: NprocSpec = 1
+    nproc_per_node: NprocSpec | None = None  # None: not set, each host's slots decide (nproc_of)
     rendezvous: Rendezvous = field(default_factory=Rendezvous)
     env: Mapping[str, str] = field(default_factory=lambda: _frozen_env(None))
     source: Path | None = None  # the job file
@@ -99,6 +110,21 @@ class Job:
     @property
     def backend(self) -> Literal["ssh", "slurm"]:
         return "slurm" if self.slurm is not None else "ssh"
+
+    @property
+    def nproc_or_one(self) -> NprocSpec:
+        """nproc_per_node, 1 where the job sets none (what a host without slots runs)."""
+        return self.nproc_per_node if self.nproc_per_node is not None else 1
+
+    def nproc_of(self, host: Host) -> HostNproc:
+        """The job's nproc_per_node (file or flag); where it sets none, the host's slots (a
+        DeepSpeed/MPI hostfile's `slots=2`, as `deepspeed --hostfile` runs them), else 1."""
+        if self.nproc_per_node is not None:
+            return HostNproc(self.nproc_per_node, NPROC_FROM_JOB)
+        if host.slots is not None:
+            toml = self.inventory.source is not None and self.inventory.source.suffix.lower() == ".toml"
+            return HostNproc(host.slots, "inventory slots" if toml else "hostfile slots")
+        return HostNproc(self.nproc_or_one, "default")
 
     @property
     def master_host(self) -> Host:

@@ -15,6 +15,7 @@ from inventory.fields import (
     expect_token,
 )
 from inventory.model import Host, Job
+from inventory.sbatch import check_extra_option
 from inventory.tomlsource import Reporter
 
 SLURM_KEYS = ("nodes", "partition", "account", "qos", "time", "gpus_per_node", "cpus_per_task", "mem",
@@ -28,7 +29,11 @@ DEFAULT_BASE_PORT = 29500  # the rendezvous port's search starts here (+ job id 
 # Slurm's --time forms: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S
 _TIME = re.compile(r"^(?:(?P<d>\d+)-(?P<dh>\d+)(?::(?P<dm>\d+)(?::(?P<ds>\d+))?)?"
                    r"|(?P<a>\d+)(?::(?P<b>\d+)(?::(?P<c>\d+))?)?)$")
-_MEM = re.compile(r"^\d+[KMGT]?$")
+# sbatch --mem (Slurm 22.05 str_to_mbytes): a whole number of MB, or with a K/M/G/T suffix in either
+# case, optionally followed by B ("1g", "64GB", "500Mb"); strtoll's leading sign is taken too
+_MEM = re.compile(r"\+?(?P<n>\d+)(?:(?P<unit>[KMGT])B?)?\Z", re.IGNORECASE)
+_MEM_MB = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}
+MAX_MEM_MB = 2**63 - 1  # Slurm counts megabytes in an int64; more wraps round to nonsense
 _SIGNAL = re.compile(r"^(?:B:)?(?:SIG)?(?P<name>[A-Z0-9]+)(?:@(?P<lead>\d+))?$")
 
 
@@ -107,7 +112,7 @@ def read_slurm(src: Reporter, key: str, table: dict[str, Any]) -> SlurmSpec:
         mem=_mem(src, k("mem"), table["mem"]) if "mem" in table else None,
         constraint=token("constraint"),
         python=expect_str(src, k("python"), table["python"]) if "python" in table else "python3",
-        extra_sbatch=tuple(_sbatch_option(src, f"{k('extra_sbatch')}[{i}]", line) for i, line in
+        extra_sbatch=tuple(_sbatch_option(src, f"{k('extra_sbatch')}[{i}]", line, frozenset(table)) for i, line in
                            enumerate(expect_str_list(src, k("extra_sbatch"), table.get("extra_sbatch", [])))),
         setup=tuple(_one_line(src, f"{k('setup')}[{i}]", line) for i, line in
                     enumerate(expect_str_list(src, k("setup"), table.get("setup", [])))),
@@ -133,11 +138,18 @@ def _time(src: Reporter, key: str, value: object) -> str:
 
 
 def _mem(src: Reporter, key: str, value: object) -> str:
+    """What sbatch --mem takes, written the one way: "64GB" and "64g" -> "64G", "0512" -> "512"
+    (a bare number stays bare: megabytes)."""
     text = expect_str(src, key, value).strip()
-    if not _MEM.match(text):
-        raise src.error(key, f'"{text}" is not a Slurm memory size', 'write e.g. "64G" or "500M" (per node)',
+    m = _MEM.match(text)
+    if m is None:
+        raise src.error(key, f'"{text}" is not a Slurm memory size', 'write a whole number with K, M, G or T, '
+                        'e.g. "64G" or "500M" (per node; a bare number is megabytes)', value=value)
+    n, unit = int(m.group("n")), (m.group("unit") or "").upper()
+    if n * _MEM_MB[unit or "M"] > MAX_MEM_MB:
+        raise src.error(key, f'"{text}" is more memory than Slurm can count', 'write e.g. "64G" (per node)',
                         value=value)
-    return text
+    return f"{n}{unit}"
 
 
 def _one_line(src: Reporter, key: str, text: str) -> str:
@@ -147,12 +159,14 @@ def _one_line(src: Reporter, key: str, text: str) -> str:
     return text
 
 
-def _sbatch_option(src: Reporter, key: str, text: str) -> str:
-    """An sbatch option for one `#SBATCH` line: "--exclusive" (a leading "#SBATCH " is dropped)."""
+def _sbatch_option(src: Reporter, key: str, text: str, set_keys: frozenset[str]) -> str:
+    """An sbatch option for one `#SBATCH` line: "--exclusive" (a leading "#SBATCH " is dropped);
+    none that ddpctl sets itself (inventory/sbatch.py). `set_keys`: the [slurm] keys given."""
     option = _one_line(src, key, text).strip().removeprefix("#SBATCH").strip()
     if not option.startswith("-"):
         raise src.error(key, f'"{text}" is not an sbatch option', 'write e.g. "--exclusive" or '
                         '"--mail-type=END"', value=text)
+    check_extra_option(src, key, option, set_keys)
     return option
 
 
@@ -174,7 +188,7 @@ def node_hosts(job: Job, spec: SlurmSpec) -> tuple[Host, ...]:
 
 
 def nproc_for(job: Job, spec: SlurmSpec) -> int:
-    n = job.nproc_per_node
+    n = job.nproc_or_one  # Slurm's nodes have no slots
     if isinstance(n, int):
         return n
     if n == "cpu":

@@ -25,6 +25,13 @@ _DECODE_AT = re.compile(r"\s*\(at line (?P<line>\d+), column (?P<col>\d+)\)\s*$"
 _DECODE_END = re.compile(r"\s*\(at end of document\)\s*$")
 _INDEX_SUFFIX = re.compile(r"\[\d+\]$")
 BOM = "\ufeff"
+MAX_NESTING = 32
+"""Most levels a key path or a value may nest (dotted key parts; arrays and inline tables inside
+each other). No ddpctl setting nests more than 4, and tomllib recurses once per bracket (a few
+hundred exhaust Python's stack) and slows quadratically with a key's parts: deeper is refused
+before the file reaches it."""
+NESTING_HINT = ("no ddpctl setting nests that deep: args is one flat array of strings "
+                '(args = ["--lr", "0.1"]) and tables nest at most [[hosts]] > env')
 
 
 @dataclass(frozen=True)
@@ -63,12 +70,39 @@ def _parts(dotted: str) -> list[str]:
     return [p.strip("\"'") for p in _PART.findall(dotted)]
 
 
+@dataclass(frozen=True)
+class TooDeep:
+    """Where the text first nests past MAX_NESTING: the line, column and the key it belongs to."""
+
+    line: int
+    column: int
+    key: str
+    what: str  # "value" (arrays and inline tables), "key" / "header" / "inline key" (dotted key parts)
+
+    def message(self) -> str:
+        if self.what == "value":
+            where = f"the value of {self.key}" if self.key else "a value"
+            return f"{where} nests arrays or inline tables more than {MAX_NESTING} levels deep"
+        where = {"header": "a table header",
+                 "inline key": f"a dotted key in the value of {self.key}",
+                 "key": f"a dotted key in [{self.key}]" if self.key else "a dotted key"}[self.what]
+        return f"{where} has more than {MAX_NESTING} parts"
+
+
 @dataclass
 class _ScanState:
     prefix: str = ""
     array_counts: dict[str, int] = field(default_factory=dict)
     depth: int = 0  # open [ / { of a value that spans lines
     in_string: str | None = None  # delimiter of an open multi-line string
+    line: int = 0
+    value_key: str = ""  # the key whose value is being scanned
+    dots: int = 0  # "." since the last separator of a value: an inline table's dotted key
+    too_deep: TooDeep | None = None
+
+    def deeper(self, column: int, what: str, key: str | None = None) -> None:
+        if self.too_deep is None:
+            self.too_deep = TooDeep(self.line, column, self.value_key if key is None else key, what)
 
 
 class KeyIndex:
@@ -79,7 +113,9 @@ class KeyIndex:
         self._positions: dict[str, Position] = {}
         state = _ScanState()
         for number, line in enumerate(self._lines, start=1):
+            state.line = number
             self._scan_line(state, number, line)
+        self.too_deep = state.too_deep  # the first place the text nests past MAX_NESTING
 
     def find(self, key: str, value: object = None) -> Position | None:
         """Position of `key`, else of its nearest located ancestor (refined by `value`)."""
@@ -114,6 +150,10 @@ class KeyIndex:
         if state.in_string is not None or state.depth > 0:
             self._skip_value(state, line, 0)
             return
+        header = _ARRAY_HEADER.match(line) or _TABLE_HEADER.match(line)
+        if header and len(_parts(header.group("name"))) > MAX_NESTING:
+            state.deeper(header.start("name") + 1, "header", "")
+            return
         header = _ARRAY_HEADER.match(line)
         if header:
             *outer, last = _parts(header.group("name"))
@@ -130,10 +170,15 @@ class KeyIndex:
             return
         pair = _KEY_VALUE.match(line)
         if pair:
+            parts = _parts(pair.group("key"))
+            if len(parts) > MAX_NESTING:
+                state.deeper(pair.start("key") + 1, "key", state.prefix)
+                return
             key = state.prefix
-            for part in _parts(pair.group("key")):
+            for part in parts:
                 key = join_key(key, part)
             self._record(key, number, pair.start("key") + 1, pair.end() + 1)
+            state.value_key, state.dots = key, 0
             self._skip_value(state, line, pair.end())
 
     @staticmethod
@@ -173,11 +218,26 @@ class KeyIndex:
                 state.in_string = None  # single-line strings never span lines
                 i = len(line) if end == -1 else end
             else:
-                if ch in "[{":
-                    state.depth += 1
-                elif ch in "]}":
-                    state.depth = max(0, state.depth - 1)
+                KeyIndex._count_nesting(state, ch, i + 1)
                 i += 1
+
+    @staticmethod
+    def _count_nesting(state: _ScanState, ch: str, column: int) -> None:
+        """Bracket depth, and the dots of an inline table's dotted key (a number has one at most)."""
+        if ch in "[{":
+            state.depth += 1
+            if state.depth > MAX_NESTING:
+                state.deeper(column, "value")
+        elif ch in "]}":
+            state.depth = max(0, state.depth - 1)
+        elif ch == ".":
+            state.dots += 1
+            if state.dots >= MAX_NESTING:
+                state.deeper(column, "inline key")
+            return
+        elif ch not in ",=":
+            return
+        state.dots = 0
 
 
 def _find_close(line: str, start: int, delim: str) -> int:
@@ -287,13 +347,24 @@ def toml_files_in(directory: Path, limit: int = 3) -> list[Path]:
 
 
 def read_toml(path: Path, what: str = "config file") -> TomlFile:
-    """Parse `path`; syntax errors become ConfigError with the line/column tomllib reports."""
+    """Parse `path`; syntax errors become ConfigError with the line/column tomllib reports, and
+    nesting past MAX_NESTING one located where it starts, before tomllib sees it."""
     text = read_text(path, what)
+    index = KeyIndex(text)
+    if index.too_deep is not None:
+        raise _too_deep_error(path, index.too_deep)
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise _decode_error(path, text, exc) from None
-    return TomlFile(path=path, data=data, index=KeyIndex(text))
+    except RecursionError:  # a nesting the scan missed: still one located error, never a traceback
+        raise ConfigError(f"{what} nests too deeply for the TOML parser", file=path, hint=NESTING_HINT) from None
+    return TomlFile(path=path, data=data, index=index)
+
+
+def _too_deep_error(path: Path, deep: TooDeep) -> ConfigError:
+    return ConfigError(deep.message(), file=path, line=deep.line, column=deep.column, key=deep.key or None,
+                       hint=NESTING_HINT)
 
 
 def _decode_error(path: Path, text: str, exc: tomllib.TOMLDecodeError) -> ConfigError:

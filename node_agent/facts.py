@@ -20,7 +20,7 @@ import time
 from node_agent import factparse
 from node_agent.parallel import run_all
 from node_agent.protocol import emit_event
-from node_agent.torch_facts import fact_torch
+from node_agent.torch_facts import fact_torch, fact_torch_lookup
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing is for the checker only (node_agent/__init__.py)
@@ -262,7 +262,9 @@ def fact_hostname_resolution(req: Dict[str, Any]) -> List[Dict[str, str]]:
 if TYPE_CHECKING:
     Fact = Callable[[Dict[str, Any]], Any]
 
-ON_SELECT_ONLY = frozenset({"gpu_count"})  # not in doctor's set: doctor reads fact_gpus
+# Not in doctor's set: doctor reads fact_gpus, and imports torch (fact_torch) where a launch only
+# looks it up (fact_torch_lookup)
+ON_SELECT_ONLY = frozenset({"gpu_count", "torch_lookup"})
 # Sub-facts that only read this process's state or one small file: run in the agent's own thread
 # while the others (commands, name lookups, torch) run in theirs. Doctor runs this op on every
 # host at once, and a thread costs each host more than one of these does.
@@ -278,7 +280,8 @@ NEEDS: Dict[str, Callable[[Dict[str, Any]], bool]] = {
 def registry() -> Dict[str, Fact]:
     """name -> sub-fact. Built per call, so tests can replace a sub-fact."""
     return {
-        "python": fact_python, "torch": fact_torch, "gpus": fact_gpus, "interfaces": fact_interfaces,
+        "python": fact_python, "torch": fact_torch, "torch_lookup": fact_torch_lookup, "gpus": fact_gpus,
+        "interfaces": fact_interfaces,
         "routes": fact_routes,
         "firewall": fact_firewall, "workdir": fact_workdir, "infiniband": fact_infiniband,
         "memlock": fact_memlock, "env": fact_env, "resolution": fact_resolution,

@@ -1,8 +1,10 @@
-"""The torch sub-fact: torch / CUDA / NCCL versions and devices, read by the inventory's interpreter
-(which may not be the agent's) and cached on the host under an exact key."""
+"""The torch sub-facts: torch / CUDA / NCCL versions and devices, read by the inventory's interpreter
+(which may not be the agent's) and cached on the host under an exact key; and, for a launch, only
+whether that interpreter finds torch, a module lookup that imports nothing."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -16,6 +18,16 @@ if TYPE_CHECKING:  # typing is for the checker only (node_agent/__init__.py)
     from typing import Any, Dict, Optional
 
 TORCH_TIMEOUT_S = 90.0
+LOOKUP_TIMEOUT_S = 30.0
+LOOKUP_MARK = "@@TORCH_LOOKUP@@"
+# Runs under the inventory's interpreter, started as the launch starts it (site and its .pth files,
+# the job's PYTHON* variables): where torch would come from, found without importing it.
+LOOKUP_SNIPPET = r"""
+import importlib.util, json, sys
+spec = importlib.util.find_spec("torch")
+print("@@TORCH_LOOKUP@@" + json.dumps({"found": spec is not None, "origin": spec and spec.origin,
+                                        "executable": sys.executable}))
+"""
 
 # Runs under the inventory's interpreter (which may not be the agent's); constant, no user data.
 # argv[1] is a cache directory ("" for none): importing torch costs seconds, so its facts are
@@ -137,3 +149,38 @@ def fact_torch(req: Dict[str, Any]) -> Dict[str, Any]:
                           stderr=subprocess.PIPE, universal_newlines=True,
                           timeout=TORCH_TIMEOUT_S, check=False)
     return factparse.parse_torch_output(proc.returncode, proc.stdout, proc.stderr)
+
+
+def find_torch_here() -> Optional[str]:
+    """Where this process finds torch (site-packages added as site would, .pth files not run), or
+    None; a path lookup that imports nothing."""
+    from importlib.machinery import PathFinder
+
+    add_site_packages()
+    spec = PathFinder.find_spec("torch")
+    return (spec.origin or "(namespace package)") if spec is not None else None
+
+
+def fact_torch_lookup(req: Dict[str, Any]) -> Dict[str, Any]:
+    """Whether the inventory's interpreter finds torch, imported by no one (a launch asks: importing
+    torch costs seconds). This process answers where it is that interpreter, the job sets no PYTHON*
+    variable and torch is found; else the interpreter itself, started with the job's PYTHON*
+    variables, looks it up (a virtualenv's .pth files may add the path this process does not see)."""
+    python = shutil.which(str(req.get("python") or "python3"))
+    if python is None:
+        raise FileNotFoundError("interpreter %s not found" % req.get("python"))
+    import_env = {str(k): str(v) for k, v in (req.get("import_env") or {}).items()}
+    if not import_env and os.path.abspath(python) == os.path.abspath(sys.executable):
+        origin = find_torch_here()
+        if origin is not None:
+            return {"found": True, "origin": origin, "executable": python}
+    env = dict(os.environ)
+    env.update(import_env)
+    proc = subprocess.run([python, "-c", LOOKUP_SNIPPET], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          universal_newlines=True, timeout=LOOKUP_TIMEOUT_S, env=env, check=False)
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith(LOOKUP_MARK):
+            found: Dict[str, Any] = json.loads(line[len(LOOKUP_MARK):])
+            return found
+    err = (proc.stderr or proc.stdout).strip().splitlines()
+    raise RuntimeError("%s exited %d: %s" % (python, proc.returncode, err[-1] if err else "no output"))

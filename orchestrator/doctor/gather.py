@@ -51,6 +51,8 @@ def facts_request(ctx: DoctorContext, host: Host, probe: bool,
         "env_names": sorted(ctx.env),
         "env_prefixes": list(ENV_PREFIXES),
         "no_cache": not ctx.use_cache,
+        # where the job's processes look for modules (torch_lookup looks torch up as they would)
+        "import_env": {k: v for k, v in {**host.env, **ctx.env}.items() if k.startswith("PYTHON")},
     }
     if select is not None:
         request["select"] = list(select)

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from inventory import Host
+from inventory import Host, HostNproc
 from orchestrator.errors import HostError
 from orchestrator.remote.wire import HostFacts
 
@@ -56,7 +56,9 @@ class DoctorContext:
     workdirs: Mapping[str, str]  # host name -> workdir
     script: str | None = None  # relative to workdir
     env: Mapping[str, str] = field(default_factory=dict)  # the job's env (wins over the host's)
-    nproc_per_node: object = 1
+    nproc_per_node: object = 1  # the job's ("gpu" asks every host for GPUs)
+    # what decides each host's process count, where a job gives it (its slots may differ per host)
+    nprocs: Mapping[str, HostNproc] = field(default_factory=dict)
     rdzv_backend: str = "static"  # "c10d" looks every host's own hostname up
     connect_timeout_s: float = 4.0  # the probe's bound per pair, retries included
     timeout_s: float = 120.0

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from inventory import Host, Job
+from inventory.sbatch import allocation_options
 from inventory.slurm import DEFAULT_BASE_PORT, SlurmSpec, node_hosts
 from orchestrator.doctor.checks import run_checks
 from orchestrator.doctor.checks.base import fail, listing, ok, skip
@@ -85,10 +86,11 @@ def allocation_minutes(timeout_s: float, job_time_s: float | None, max_time_s: f
 
 
 def batch_script(spec: SlurmSpec, state: str) -> str:
-    """The job's resource options as the launch asks for them, then one srun task per node."""
+    """The job's resource options and extra_sbatch as the launch asks for them (but those that only
+    say when it may start: the check starts now), then one srun task per node."""
     return "\n".join([
         "#!/bin/bash", *[f"#SBATCH {option}" for option in resource_options(spec)],
-        *[f"#SBATCH {option}" for option in spec.extra_sbatch],
+        *[f"#SBATCH {option}" for option in allocation_options(spec.extra_sbatch)],
         "# ddpctl doctor: one task per node runs the node agent's slurm_check op", "set -u",
         f"S={shlex.quote(state)}", 'scontrol show hostnames "$SLURM_JOB_NODELIST" > "$S/nodes"',
         f'srun --nodes={spec.nodes} --ntasks-per-node=1 --input="$S/node.in" --output="$S/node-%t.out" '
@@ -306,7 +308,7 @@ def node_context(job: Job, hosts: tuple[Host, ...], timeout_s: float, use_cache:
     """The context of the node checks before Slurm names the nodes (the launch's node0.., in task order)."""
     return DoctorContext(hosts=hosts, master=hosts[0], master_addr="", master_port=None,
                          workdirs={h.name: job.workdir_for(h) for h in hosts}, script=job.script,
-                         env=dict(job.env), nproc_per_node=job.nproc_per_node, rdzv_backend="c10d",
+                         env=dict(job.env), nproc_per_node=job.nproc_or_one, rdzv_backend="c10d",
                          timeout_s=timeout_s, use_cache=use_cache, session="Slurm task (srun)",
                          python_key='[slurm] python = "/absolute/path/to/python" (the interpreter on the nodes)')
 

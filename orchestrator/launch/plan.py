@@ -29,6 +29,18 @@ def mask_env(env: Mapping[str, str]) -> dict[str, str]:
     return {k: (MASK if SECRET_PATTERN.search(k) else v) for k, v in env.items()}
 
 
+class Nproc(int):
+    """A host's resolved process count, and what decided it ("hostfile slots", "auto: GPUs", ...):
+    what the dry run shows beside it. An int everywhere else."""
+
+    source: str
+
+    def __new__(cls, value: int, source: str) -> Nproc:
+        made = super().__new__(cls, value)
+        made.source = source
+        return made
+
+
 @dataclass(frozen=True)
 class HostLaunch:
     """What runs on one host: the torchrun launcher argv, the program argv, env and workdir."""
@@ -41,6 +53,10 @@ class HostLaunch:
     env: Mapping[str, str]
     cwd: str
     wrapped: bool = False  # each rank starts through the node's rank wrapper (node_agent/rankwrap.py)
+    nproc_source: str = ""  # what decided nproc: the job's nproc_per_node, the host's slots, ...
+    # the global rank of its local rank 0: the ranks of the hosts before it (they may run more or
+    # fewer processes: torchrun numbers the ranks by each node's own count); None: node_rank * nproc
+    first_rank: int | None = None
 
     def argv(self, log_dir: str | None = None, wrapper: str | None = None) -> list[str]:
         """The command the node runs (its supervisor adds its own log dir and wrapper path)."""
@@ -56,7 +72,8 @@ class HostLaunch:
         return shlex.join(self.launcher) + extra + " " + shlex.join(self.program)
 
     def rank_of(self, local_rank: int) -> int:
-        return self.node_rank * self.nproc + local_rank
+        first = self.first_rank if self.first_rank is not None else self.node_rank * self.nproc
+        return first + local_rank
 
 
 @dataclass(frozen=True)
@@ -126,15 +143,18 @@ def build_plan(job: Job, job_id: str, nprocs: Mapping[str, int], master_port: in
     if job.slurm is not None:
         master_addr = f"${SLURM_RDZV_ENV}"
     launches = []
+    first = 0
     for rank, host in enumerate(job.hosts):
-        nproc = nprocs[host.name]
+        given = nprocs[host.name]
+        source, nproc = given.source if isinstance(given, Nproc) else job.nproc_of(host).source, int(given)
         launches.append(HostLaunch(
-            host=host, node_rank=rank, nproc=nproc,
+            host=host, node_rank=rank, nproc=nproc, nproc_source=source, first_rank=first,
             launcher=tuple(launcher_argv(job, host, rank, nproc, master_addr, master_port, job_id,
                                          inline=inline is not None)),
             program=tuple(program_argv(job, host, inline)),
             env=host_env(job, host, job_id, (picked_env or {}).get(host.name)),
             cwd=job.workdir_for(host), wrapped=inline is None,
         ))
+        first += nproc
     return LaunchPlan(job=job, job_id=job_id, master_addr=master_addr, master_port=master_port,
                       hosts=tuple(launches))

@@ -1,8 +1,9 @@
 """Before launch: one agent session per host (doctor's facts op and its TCP probe, with a
 narrower selection) resolves nproc and the master port, and runs the doctor checks that predict
-a failed or hung rendezvous. An error finding stops the launch before any rank starts; stale
-holders of the master port are freed. A launch holds the sessions open: each host's torchrun then
-starts in the session that checked it (one SSH session per host, the agent shipped once)."""
+a failed or hung rendezvous, or ranks that cannot start (no torch). An error finding stops the
+launch before any rank starts; stale holders of the master port are freed. A launch holds the
+sessions open: each host's torchrun then starts in the session that checked it (one SSH session
+per host, the agent shipped once)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from inventory import ConfigError, Job
+from inventory import ConfigError, Host, Job
 from inventory.fields import is_ip_address
 from inventory.gpus import declared_gpus, selection
 from orchestrator.doctor.addressing import Addressing, PickedInterfaces, is_loopback
@@ -27,6 +28,7 @@ from orchestrator.doctor.gather import (
 from orchestrator.doctor.model import CheckStatus, Finding, Observations, ProbeResults
 from orchestrator.errors import HostError, HostErrorKind, HostsFailed, LaunchBlocked
 from orchestrator.launch.master_port import Holder, judge
+from orchestrator.launch.plan import Nproc
 from orchestrator.remote.agent import call_agent
 from orchestrator.remote.pool import HostPool
 from orchestrator.remote.wire import HostFacts, parse_report
@@ -35,13 +37,15 @@ LAUNCH_FACTS = ("cpu_count", "gpu_count", "python", "workdir", "master_port", "f
 # What a job on several hosts reads, checks or not: each host's network, from which master_addr
 # and the interfaces are settled (doctor/addressing.py), and the env its processes will see.
 NET_FACTS = ("resolution", "interfaces", "routes", "env", "hostname_resolution")
-# What the pre-launch checks read, on top of those (no torch import: it costs seconds).
-CHECK_FACTS = ("script",)
+# What the pre-launch checks read, on top of those: no torch import (it costs seconds), only
+# whether each host's interpreter finds torch (the python check judges it as doctor does).
+CHECK_FACTS = ("script", "torch_lookup")
 # nvidia-smi's GPUs and their processes, read only when a host selects GPUs (`gpus = [0, 2]`): the
 # gpu check then judges the selection (indices that exist, GPUs another process uses).
 SELECTION_FACTS = ("gpus",)
 # Doctor's checks that predict a launch that fails or hangs at the rendezvous (gpu: a selection).
-LAUNCH_CHECKS = ("gpu", "workdir", "nproc", "firewall", "dns", "ifname")
+# python: an interpreter without torch, which every rank would fail on.
+LAUNCH_CHECKS = ("python", "gpu", "workdir", "nproc", "firewall", "dns", "ifname")
 FACTS_TIMEOUT_S = 60.0
 
 
@@ -136,17 +140,20 @@ def launch_facts(job: Job, checks: bool) -> tuple[str, ...]:
 
 
 def resolve_nprocs(job: Job, facts: Mapping[str, HostFacts]) -> dict[str, int]:
-    """nproc_per_node per host; "gpu" needs GPUs and equal counts, reported before launch. A host's
-    GPUs are its selection (`gpus = [0, 2]`: 2), else its declared count, else those detected."""
+    """Processes per host (Nproc: the count and what decided it): the job's nproc_per_node, else the
+    host's slots, else 1; "gpu" needs GPUs and equal counts, reported before launch. A host's GPUs
+    are its selection (`gpus = [0, 2]`: 2), else its declared count, else those detected."""
     gpus = {h.name: _first_known(declared_gpus(h), facts[h.name].gpu_count) for h in job.hosts}
     return _per_host(job, gpus, {h.name: facts[h.name].cpu_count for h in job.hosts})
 
 
 def static_nprocs(job: Job) -> dict[str, int] | None:
-    """nproc_per_node per host where the job and the inventory alone decide it (an integer; "gpu"
-    or "auto" on hosts whose GPUs the inventory gives), so a dry run asks no host; else None."""
-    if isinstance(job.nproc_per_node, int):
-        return {h.name: job.nproc_per_node for h in job.hosts}
+    """Processes per host where the job and the inventory alone decide it (a number, from the job
+    or the host's slots; "gpu" or "auto" on hosts whose GPUs the inventory gives), so a dry run
+    asks no host; else None."""
+    specs = {h.name: job.nproc_of(h) for h in job.hosts}
+    if all(isinstance(n.spec, int) for n in specs.values()):
+        return {name: Nproc(int(n.spec), n.source) for name, n in specs.items()}
     declared = {h.name: declared_gpus(h) for h in job.hosts}
     gpus = {name: n for name, n in declared.items() if n is not None}
     if job.nproc_per_node == "cpu" or len(gpus) < len(declared) or \
@@ -159,25 +166,26 @@ def _first_known(declared: int | None, detected: int) -> int:
     return declared if declared is not None else detected
 
 
+def _one_host(job: Job, host: Host, gpus: int, cpus: Mapping[str, int]) -> Nproc:
+    rule = job.nproc_of(host)
+    spec = rule.spec
+    if isinstance(spec, int):
+        return Nproc(spec, rule.source)
+    if spec == "gpu":
+        if gpus < 1:
+            raise ConfigError(f"nproc_per_node = \"gpu\" but {host.name} has no GPU",
+                              file=job.source, key="job.nproc_per_node",
+                              hint="use an integer or \"cpu\", or fix the host's GPUs (ddpctl doctor)")
+        return Nproc(gpus, "gpu: its GPUs")
+    if spec == "cpu":
+        return Nproc(cpus[host.name], "cpu: its CPUs")
+    return Nproc(gpus, "auto: GPUs") if gpus > 0 else Nproc(cpus[host.name], "auto: CPUs, no GPU")
+
+
 def _per_host(job: Job, gpus: Mapping[str, int], cpus: Mapping[str, int]) -> dict[str, int]:
-    spec = job.nproc_per_node
-    out: dict[str, int] = {}
-    for host in job.hosts:
-        n = gpus[host.name]
-        if isinstance(spec, int):
-            out[host.name] = spec
-        elif spec == "gpu":
-            if n < 1:
-                raise ConfigError(f"nproc_per_node = \"gpu\" but {host.name} has no GPU",
-                                  file=job.source, key="job.nproc_per_node",
-                                  hint="use an integer or \"cpu\", or fix the host's GPUs (ddpctl doctor)")
-            out[host.name] = n
-        elif spec == "cpu":
-            out[host.name] = cpus[host.name]
-        else:  # auto
-            out[host.name] = n if n > 0 else cpus[host.name]
+    out: dict[str, int] = {h.name: _one_host(job, h, gpus[h.name], cpus) for h in job.hosts}
     counts = sorted(set(out.values()))
-    if spec == "gpu" and len(counts) > 1:
+    if job.nproc_per_node == "gpu" and len(counts) > 1:
         detail = ", ".join(f"{h}={n}" for h, n in out.items())
         raise ConfigError(f"hosts have unequal GPU counts ({detail})", file=job.source,
                           key="job.nproc_per_node",

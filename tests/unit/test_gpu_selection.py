@@ -244,7 +244,8 @@ def test_the_dry_run_shows_each_hosts_selection_and_resolves_gpu_without_the_hos
     job.write_text(JOB + "[rendezvous]\nmaster_port = 29555\n")
     out = runner.invoke(app, ["up", str(job), "--dry-run", "--connect-timeout", "1"])
     assert out.exit_code == 0, out.output
-    assert "n0 (node_rank 0, ssh 198.18.7.1, cwd" in out.output and "gpus = [0, 2])" in out.output
+    assert "n0 (node_rank 0, nproc 2 (gpu: its GPUs), ssh 198.18.7.1, cwd" in out.output
+    assert "gpus = [0, 2])" in out.output
     assert "gpus = [1, 3])" in out.output
     n0, n1 = out.output.split("\nn1 (")
     assert "env: CUDA_VISIBLE_DEVICES=0,2" in n0 and "env: CUDA_VISIBLE_DEVICES=1,3" in n1

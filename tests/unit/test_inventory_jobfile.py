@@ -11,6 +11,7 @@ from job_dir import write_job
 from inventory import (
     LOCALHOST,
     ConfigError,
+    HostNproc,
     JobOverrides,
     apply_overrides,
     load_job,
@@ -63,7 +64,8 @@ def test_local_default_when_inventory_omitted(tmp_path: Path) -> None:
     assert job.hosts == (LOCALHOST,)
     assert job.hosts[0].python == sys.executable
     assert job.name == "my-toy"  # from the file stem, made safe for a rendezvous id
-    assert job.nproc_per_node == 1
+    assert job.nproc_per_node is None  # not set: each host's slots decide, else 1
+    assert job.nproc_of(job.hosts[0]) == HostNproc(1, "default")
     assert (job.rendezvous.master_addr, job.rendezvous.master_port) == (None, 29500)
     assert job.rendezvous.backend == "static"
     assert job.master_address == "127.0.0.1"

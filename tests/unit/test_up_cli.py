@@ -47,7 +47,8 @@ def test_dry_run_shows_the_exact_command_per_host_with_masked_secrets(tmp_path: 
     assert "env: HF_TOKEN=***" in out.output
     assert "abc" not in out.output
     assert "env: GLOO_SOCKET_IFNAME=eth0" in out.output
-    assert "n0 (node_rank 0, ssh 198.18.7.1" in out.output and "n1 (node_rank 1, ssh 198.18.7.2" in out.output
+    assert "n0 (node_rank 0, nproc 2 (job nproc_per_node), ssh 198.18.7.1" in out.output
+    assert "n1 (node_rank 1, nproc 2 (job nproc_per_node), ssh 198.18.7.2" in out.output
     assert not (tmp_path / "x").exists()
     assert all(Path(argv[-4]).name == "rankwrap.py" and argv[-4].startswith("~/.ddpctl/runs/") for argv in cmds)
 

@@ -14,9 +14,12 @@ from orchestrator.remote.wire import HostFacts
 
 PYTHON = "python"
 GPU = "gpu"
+TORCH_LOOKUP = "torch_lookup"  # the launch's sub-fact: is torch there (node_agent/torch_facts.py)
 
 
 def python_findings(name: str, hf: HostFacts, ctx: DoctorContext) -> list[Finding]:
+    """The interpreter, and torch in it: imported (doctor's torch fact) or only looked up (the
+    launch's torch_lookup fact, which costs no torch import). One judgement for both."""
     py: dict[str, Any] = hf.get("python") or {}
     wanted = py.get("requested", "python3")
     if hf.errors.get("python"):
@@ -25,18 +28,28 @@ def python_findings(name: str, hf: HostFacts, ctx: DoctorContext) -> list[Findin
         return [fail(PYTHON, name, f"interpreter {wanted} not found in the {ctx.session} (the context "
                      "the launch uses)", f"PATH={py.get('path_env', '')}",
                      f"install it on {name}, or set {ctx.python_key.format(host=name)}")]
-    if hf.errors.get("torch"):
-        return [fail(PYTHON, name, f"running {wanted} to import torch failed",
-                     hf.errors["torch"], f"run `{wanted} -c 'import torch'` on {name}")]
+    for fact, doing in (("torch", "import torch"), (TORCH_LOOKUP, "look torch up")):
+        if hf.errors.get(fact):
+            return [fail(PYTHON, name, f"running {wanted} to {doing} failed",
+                         hf.errors[fact], f"run `{wanted} -c 'import torch'` on {name}")]
+    if "torch" not in hf.facts and TORCH_LOOKUP in hf.facts:
+        found = hf.get(TORCH_LOOKUP) or {}
+        if not found.get("found"):
+            return [no_torch(name, py, ctx, "no module named torch on its path (looked up, not imported)")]
+        return [ok(PYTHON, name, f"torch found by {py.get('found')}", str(found.get("origin", "")))]
     t = torch_of(hf)
     if not t.get("importable"):
-        return [fail(PYTHON, name, f"torch is not importable by {py.get('found')}",
-                     str(t.get("error", "")),
-                     f"on {name}: {py.get('found')} -m pip install torch (the version the other "
-                     f"hosts have), or set {ctx.python_key.format(host=name)} (an interpreter with torch)")]
+        return [no_torch(name, py, ctx, str(t.get("error", "")))]
     return [ok(PYTHON, name, f"python {t.get('python')}, torch {t.get('version')}, "
                f"CUDA {t.get('cuda') or '-'}, NCCL {t.get('nccl') or '-'}",
                f"interpreter {py.get('found')}")]
+
+
+def no_torch(name: str, py: Mapping[str, Any], ctx: DoctorContext, evidence: str) -> Finding:
+    """The host's interpreter has no torch: every rank would fail to start."""
+    return fail(PYTHON, name, f"torch is not importable by {py.get('found')}", evidence,
+                f"on {name}: {py.get('found')} -m pip install torch (the version the other "
+                f"hosts have), or set {ctx.python_key.format(host=name)} (an interpreter with torch)")
 
 
 def gpu_findings(name: str, hf: HostFacts, wants_gpu: bool, host: Host | None = None,
@@ -101,9 +114,10 @@ NPROC = "nproc"
 OVERSUBSCRIBED = 4  # more CPU ranks than this many per CPU is a typo, not a plan
 
 
-def nproc_findings(name: str, hf: HostFacts, spec: object, host: Host | None = None) -> list[Finding]:
-    """nproc_per_node against the host's CPUs and GPUs ("gpu"/"cpu"/"auto" resolve to them; where
-    the host selects GPUs, its ranks see only those)."""
+def nproc_findings(name: str, hf: HostFacts, spec: object, host: Host | None = None,
+                   given: str = "nproc_per_node") -> list[Finding]:
+    """nproc_per_node (or what `given` names: a host's slots) against the host's CPUs and GPUs
+    ("gpu"/"cpu"/"auto" resolve to them; where the host selects GPUs, its ranks see only those)."""
     if "cpu_count" not in hf.facts:
         return []
     cpus = hf.cpu_count
@@ -115,21 +129,26 @@ def nproc_findings(name: str, hf: HostFacts, spec: object, host: Host | None = N
         n = {"gpu": gpus, "cpu": cpus}.get(str(spec), gpus or cpus)
         return [ok(NPROC, name, f"{n} rank(s) (nproc_per_node = {spec}) on {evidence}")] if n else []
     if gpus == 0 and spec > OVERSUBSCRIBED * cpus:
-        return [fail(NPROC, name, f"nproc_per_node = {spec} would start {spec} ranks on {name}, "
+        return [fail(NPROC, name, f"{given} = {spec} would start {spec} ranks on {name}, "
                      f"which has {cpus} CPU(s) and no GPU", evidence,
                      f'set nproc_per_node = {cpus} (or "cpu") in [job], or pass --nproc-per-node {cpus}')]
     if gpus == 0 and spec > cpus:
-        return [warn(NPROC, name, f"nproc_per_node = {spec} is more than the {cpus} CPU(s) of {name}: "
+        return [warn(NPROC, name, f"{given} = {spec} is more than the {cpus} CPU(s) of {name}: "
                      "ranks will share CPUs", evidence, f'set nproc_per_node = {cpus} (or "cpu")')]
     if gpus and spec > gpus:
-        return [warn(NPROC, name, f"nproc_per_node = {spec} is more than the {gpus} GPU(s) of {name}: "
+        return [warn(NPROC, name, f"{given} = {spec} is more than the {gpus} GPU(s) of {name}: "
                      "NCCL refuses two ranks on one GPU", evidence, 'set nproc_per_node = "gpu"')]
-    return [ok(NPROC, name, f"{spec} rank(s) on {evidence}")]
+    by = f" ({given} = {spec})" if given.endswith("slots") else ""
+    return [ok(NPROC, name, f"{spec} rank(s){by} on {evidence}")]
 
 
 def check_nproc(obs: Observations) -> list[Finding]:
     hosts = {h.name: h for h in obs.ctx.hosts}
     out: list[Finding] = []
     for name, hf in obs.facts.items():
-        out += nproc_findings(name, hf, obs.ctx.nproc_per_node, hosts.get(name))
+        rule = obs.ctx.nprocs.get(name)  # a host's slots decide where the job sets no nproc_per_node
+        if rule is not None and rule.source.endswith("slots"):
+            out += nproc_findings(name, hf, rule.spec, hosts.get(name), rule.source)
+        else:
+            out += nproc_findings(name, hf, obs.ctx.nproc_per_node, hosts.get(name))
     return out
