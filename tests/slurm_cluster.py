@@ -140,6 +140,7 @@ class SlurmCluster:
     network: ipaddress.IPv4Network
     nodes: list[str]  # NodeNames, which are also the compute nodes' hostnames
     login_alias: str = LOGIN_ALIAS
+    settings: dict[str, str] = field(default_factory=dict)  # slurm.conf lines the test sets (Key=Value)
     bring_up_s: float = 0.0
     teardown_s: float = 0.0
     _torn_down: bool = False
@@ -265,6 +266,14 @@ class SlurmCluster:
         slurmd = self._daemon_pid(self.run_dir / f"slurmd-{self.nodes[i]}.pid", "slurmd")
         return [pid for pid in netns_pids(self.node_netns(i)) if pid != slurmd]
 
+    def kill_slurmd(self, i: int) -> int:
+        """SIGKILL compute node `i`'s slurmd (its job steps run on); its pid."""
+        pid = self._daemon_pid(self.run_dir / f"slurmd-{self.nodes[i]}.pid", "slurmd")
+        if pid is None:
+            raise ClusterError(f"no slurmd runs on {self.nodes[i]}")
+        kill(pid, signal.SIGKILL)
+        return pid
+
     def idle_nodes(self) -> list[str]:
         proc = self.slurm("sinfo", "-h", "-N", "-t", "idle", "-o", "%N", timeout=20.0)
         return sorted(set(proc.stdout.split())) if proc.returncode == 0 else []
@@ -384,6 +393,9 @@ class SlurmCluster:
             f"PartitionName=debug Nodes={node_list} Default=YES MaxTime=INFINITE State=UP",
             f"PartitionName=short Nodes={node_list} MaxTime=00:10:00 MaxNodes=1 State=UP",
         ]
+        for key, value in self.settings.items():  # a test's own limits (e.g. SlurmdTimeout) replace ours
+            lines = [line for line in lines if not line.startswith(f"{key}=")]
+            lines.insert(lines.index("SlurmctldDebug=info"), f"{key}={value}")
         return "\n".join(lines) + "\n"
 
     def _binds(self) -> list[str]:
@@ -536,7 +548,8 @@ def _check_request(n_nodes: int, prefix: str, workdir: Path) -> None:
         raise ClusterError(f"prefix {prefix!r} is in use: {', '.join(leftovers(prefix))}")
 
 
-def start_slurm_cluster(n_nodes: int, workdir: Path, prefix: str | None = None) -> SlurmCluster:
+def start_slurm_cluster(n_nodes: int, workdir: Path, prefix: str | None = None,
+                        settings: dict[str, str] | None = None) -> SlurmCluster:
     """Bring up a login node (munged, slurmctld, sshd) and `n_nodes` compute nodes, all idle,
     and return once slurmctld schedules (a job submitted then starts within about a second).
 
@@ -557,7 +570,7 @@ def start_slurm_cluster(n_nodes: int, workdir: Path, prefix: str | None = None) 
     with registry_lock():
         reap_stale_slurm_clusters()
         reap_stale_clusters()
-        cluster = SlurmCluster(prefix=prefix, workdir=workdir, network=pick_network(),
+        cluster = SlurmCluster(prefix=prefix, workdir=workdir, network=pick_network(), settings=dict(settings or {}),
                                nodes=[f"{prefix}-c{i}" for i in range(1, n_nodes + 1)])
         _register(cluster)
         try:

@@ -139,41 +139,72 @@ def ps_command(
     accept_new_host_keys: AcceptNewOpt = False,
     parallel: ParallelOpt = 64,
 ) -> None:
-    """List ddpctl jobs running on each host: job id, node rank, pids, uptime, GPU memory."""
+    """List ddpctl jobs running on each host: job id, node rank, pids, uptime, GPU memory; and,
+    where Slurm's client is configured here (or with --backend slurm), ddpctl's jobs in its queue."""
     inv = load_inventory_arg(inventory)
     if backend is BackendChoice.slurm:
         with make_pool(ssh_config, known_hosts, accept_new_host_keys, parallel) as pool:
             queued = slurm_jobs.ddpctl_jobs(slurm_client(pool, login, inv))
         print_slurm_jobs(queued, job, as_json)
         raise typer.Exit(0)
+    slurm: list[QueuedJob] | None = None
+    slurm_error: HostError | None = None
     with make_pool(ssh_config, known_hosts, accept_new_host_keys, parallel) as pool:
         fan = running_jobs(pool, inv.hosts, job)
+        if backend is None and slurm_jobs.configured_here():
+            try:
+                slurm = slurm_jobs.ddpctl_jobs(slurm_client(pool, login, inv))
+            except HostError as err:
+                slurm_error = err
     rows = [j for h in inv.names() if h in fan.succeeded for j in fan.succeeded[h]]
+    queued = [j for j in slurm or [] if slurm_match(j, job)]
     if as_json:
-        console.print_json(json.dumps({"jobs": [r.to_json() for r in rows],
-                                       "failed": {k: v.to_json() for k, v in fan.failed.items()}}))
+        data: dict[str, object] = {"jobs": [r.to_json() for r in rows],
+                                   "failed": {k: v.to_json() for k, v in fan.failed.items()}}
+        if slurm is not None or slurm_error is not None:
+            data["slurm_jobs"] = [slurm_row(j) for j in queued]
+            data["slurm_error"] = slurm_error.to_json() if slurm_error else None
+        console.print_json(json.dumps(data))
     else:
         table = Table("host", "job id", "node rank", "pids", "uptime", "GPU MiB", "detached")
         for r in rows:
             gpu = "-" if r.gpu_memory_mib is None else str(r.gpu_memory_mib)
             table.add_row(r.host, r.job_id, str(r.node_rank), " ".join(map(str, r.pids)),
                           f"{r.uptime_s:.0f}s", gpu, "yes" if r.detached else "no")
-        console.print(table if rows else "no ddpctl jobs running")
+        if rows:
+            console.print(table)
+        if queued:
+            console.print(slurm_table(queued))
+        if not rows and not queued:
+            console.print("no ddpctl jobs running" + (" (nor in Slurm's queue)" if slurm is not None else ""))
         report_failures(fan.failed)
+        if slurm_error is not None:
+            print_host_error(slurm_error)
     raise typer.Exit(1 if fan.failed else 0)
 
 
-def print_slurm_jobs(queued: list[QueuedJob], only: str | None, as_json: bool) -> None:
-    rows = [j for j in queued if only is None or only in (j.job_id, j.name) or j.name.startswith(f"{only}-")]
-    if as_json:
-        console.print_json(json.dumps({"jobs": [{"slurm_job_id": j.job_id, "job_id": j.name, "state": j.state,
-                                                 "reason": j.reason, "nodes": j.nodes, "elapsed": j.elapsed}
-                                                for j in rows]}))
-        return
+def slurm_match(j: QueuedJob, only: str | None) -> bool:
+    return only is None or only in (j.job_id, j.name) or j.name.startswith(f"{only}-")
+
+
+def slurm_row(j: QueuedJob) -> dict[str, str]:
+    return {"slurm_job_id": j.job_id, "job_id": j.name, "state": j.state, "reason": j.reason, "nodes": j.nodes,
+            "elapsed": j.elapsed}
+
+
+def slurm_table(rows: list[QueuedJob]) -> Table:
     table = Table("Slurm job", "job id", "state", "nodes", "elapsed", "reason")
     for j in rows:
         table.add_row(j.job_id, j.name, j.state, j.nodes, j.elapsed, "" if j.reason == "None" else j.reason)
-    console.print(table if rows else "no ddpctl jobs in Slurm's queue")
+    return table
+
+
+def print_slurm_jobs(queued: list[QueuedJob], only: str | None, as_json: bool) -> None:
+    rows = [j for j in queued if slurm_match(j, only)]
+    if as_json:
+        console.print_json(json.dumps({"jobs": [slurm_row(j) for j in rows]}))
+        return
+    console.print(slurm_table(rows) if rows else "no ddpctl jobs in Slurm's queue")
 
 
 @handle_errors

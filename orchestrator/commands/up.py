@@ -185,8 +185,9 @@ def print_dry_run(plan: LaunchPlan) -> None:
     for hl in plan.hosts:
         where = "local" if hl.host.is_local else f"ssh {hl.host.address}"
         gpus = f", gpus = {escape(show(hl.host.gpus))}" if isinstance(hl.host.gpus, tuple) else ""
-        console.print(f"\n[bold]{escape(hl.host.name)}[/] (node_rank {hl.node_rank}, {escape(where)}, "
-                      f"cwd {escape(hl.cwd)}{gpus})")
+        source = f" ({escape(hl.nproc_source)})" if hl.nproc_source else ""
+        console.print(f"\n[bold]{escape(hl.host.name)}[/] (node_rank {hl.node_rank}, nproc {hl.nproc}{source}, "
+                      f"{escape(where)}, cwd {escape(hl.cwd)}{gpus})")
         state = f"~/.ddpctl/runs/{plan.job_id}/node{hl.node_rank}"
         console.print("  command: " + hl.display(f"{state}/torchrun", f"{state}/rankwrap.py"), markup=False)
         for key, value in sorted(mask_env(hl.env).items()):
@@ -212,7 +213,7 @@ def print_dry_run_limits(plan: LaunchPlan, checks: bool) -> None:
     err_console.print(f"\nnot checked (a dry run does not contact the hosts for it): the pre-launch checks "
                       f"({', '.join(LAUNCH_CHECKS)}): master port reachable from every host, master_addr "
                       "and hostnames resolving, NCCL/GLOO_SOCKET_IFNAME, the script present, nproc against "
-                      "CPUs/GPUs, selected GPUs present and free. "
+                      "CPUs/GPUs, selected GPUs present and free, torch present in each host's interpreter. "
                       f"`ddpctl doctor {plan.job.source or ''}` runs them.".replace(" .", "."),
                       markup=False)
     job = plan.job
@@ -242,6 +243,10 @@ def print_failure(result: RunResult) -> None:
     if result.cause:
         err_console.print(Text("\nrendezvous failed:", style="bold red"))
         err_console.print(result.cause, markup=False)
+    if result.ended_by is not None and result.loss is None:
+        err_console.print(Text(f"\nfirst failure: {result.ended_by}", style="bold red"))
+        err_console.print("  no rank failed: Slurm ended them (their lines are in the logs)", markup=False)
+        return
     if result.loss is not None:
         loss = result.loss
         err_console.print(Text(f"\nfirst failure: {loss.host} lost at {loss.when()}: {loss.reason}",

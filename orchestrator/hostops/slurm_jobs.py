@@ -3,16 +3,22 @@
 
 from __future__ import annotations
 
+import contextlib
+import getpass
+import os
 import re
+import shutil
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from inventory.slurm import SlurmSpec
 from orchestrator.errors import HostError, HostErrorKind
 from orchestrator.hostops.stacks import StacksReport, assemble
 from orchestrator.launch.backends.slurm import FOLLOW_PATTERN, NODE_FILE, STACKS_TIMEOUT_S
-from orchestrator.launch.backends.slurm_script import JOB_COMMENT, state_dir
+from orchestrator.launch.backends.slurm_script import DOWN_MARK, JOB_COMMENT, state_dir
 from orchestrator.remote.agent import AgentEvent, AgentResult, decode, start_agent
 from orchestrator.remote.slurm import QueuedJob, SlurmClient, on_every_node
 from orchestrator.remote.transport import OutputLine
@@ -20,6 +26,18 @@ from orchestrator.remote.wire import parse_supervise
 
 LineSink = Callable[[str, str], None]  # (node, line)
 GONE_TIMEOUT_S = 120.0
+
+
+DEFAULT_CONF = Path("/etc/slurm/slurm.conf")
+
+
+def configured_here() -> bool:
+    """Slurm's client is on this machine and finds its configuration (SLURM_CONF, else the
+    default path): a plain `ddpctl ps` then asks Slurm too."""
+    if shutil.which("squeue") is None:
+        return False
+    conf = os.environ.get("SLURM_CONF")
+    return Path(conf).is_file() if conf else DEFAULT_CONF.is_file()
 
 
 def ddpctl_jobs(client: SlurmClient) -> list[QueuedJob]:
@@ -65,6 +83,9 @@ def cancel(client: SlurmClient, target: SlurmTarget, timeout: float = GONE_TIMEO
     """scancel the job and wait until Slurm has ended every process of it; its final state."""
     if target.slurm_id is None:
         return "ended"
+    who = f"`ddpctl down` by {getpass.getuser()} on {socket.gethostname()}"
+    with contextlib.suppress(HostError):  # the mark lets an attached `up` say who; the cancel goes on without
+        client.write(f"{state_dir(client.home(), target.job_id)}/{DOWN_MARK}", who.encode())
     client.cancel(target.slurm_id)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

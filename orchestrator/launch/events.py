@@ -76,6 +76,17 @@ class Lost:
 
 
 @dataclass(frozen=True)
+class Ended:
+    """The scheduler ended the job for a reason of its own (a cancel from outside ddpctl, a time
+    limit, a failed node): no rank failed, and nothing is left for ddpctl to stop. `lost`: this
+    node is the one the scheduler says failed."""
+
+    host: str
+    cause: str  # in the scheduler's words
+    lost: bool = False
+
+
+@dataclass(frozen=True)
 class Milestone:
     """A rank on the node started, entered or left init_process_group, or failed (its wrapper's
     record): what the rendezvous watchdog and the root cause are built from."""
@@ -92,4 +103,5 @@ class Notice:
     text: str
 
 
-BackendEvent = Started | Output | Alive | Problem | Reported | Exited | Lost | Milestone | Notice | Reattached
+BackendEvent = (Started | Output | Alive | Problem | Reported | Exited | Lost | Ended | Milestone | Notice
+                | Reattached)

@@ -108,14 +108,18 @@ class RunResult:
     cause: str | None = None  # the rendezvous watchdog's diagnosis, when it stopped the job
     loss: HostLoss | None = None  # the first host lost, where that (not a rank's own error) is the cause
     signal: int | None = None  # the signal that stopped `up` (SIGINT, SIGTERM, SIGHUP)
+    ended_by: str | None = None  # the scheduler ended the job for its own reason (Slurm's words)
 
     @property
     def ok(self) -> bool:
         return self.exit_code == 0
 
     def global_rank(self, run: HostRun, local_rank: int | str | None) -> int | None:
-        nproc = self.nprocs.get(run.host)
-        return run.node_rank * nproc + local_rank if nproc and isinstance(local_rank, int) else None
+        """torchrun numbers ranks node by node, each node by its own count (they may differ)."""
+        if not self.nprocs.get(run.host) or not isinstance(local_rank, int):
+            return None
+        before = [self.nprocs.get(r.host) for r in self.hosts if r.node_rank < run.node_rank]
+        return None if None in before else sum(n or 0 for n in before) + local_rank
 
     def rank_of(self, failure: RankFailure) -> int | None:
         """The failed rank's global rank: as it recorded it, else from its node and local rank."""
@@ -136,6 +140,7 @@ def write_summary(plan: LaunchPlan, result: RunResult) -> Path:
         "signal": result.signal,
         "root_cause": asdict(result.root_cause) if result.root_cause else None,
         "cause": result.cause,
+        "ended_by": result.ended_by,
         "hosts": [dict(asdict(r), state=r.state.value, duration_s=r.duration_s,
                        env=mask_env(plan.hosts[r.node_rank].env), tail=r.tail[-10:])
                   for r in result.hosts],

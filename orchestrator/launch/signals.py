@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import FrameType
 
 STOP_SIGNALS = {signal.SIGTERM: "SIGTERM (e.g. `timeout`, a cancelled CI job or `kill`)",
@@ -24,19 +24,26 @@ class StopSignal(KeyboardInterrupt):
 
 
 @contextlib.contextmanager
-def interrupts_ignored() -> Iterator[None]:
-    """SIGINT, SIGTERM and SIGHUP ignored for the block (main thread only; elsewhere there is no
-    signal to mind)."""
-    try:
-        previous = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, *STOP_SIGNALS)}
-    except ValueError:  # not the main thread
-        yield
+def _handling(signums: tuple[int, ...], handler: signal.Handlers | Callable[[int, FrameType | None], None]
+              ) -> Iterator[bool]:
+    """`handler` for `signums` during the block, the previous handlers after it; False (and no
+    change) outside the main thread, where there is no signal to mind."""
+    if threading.current_thread() is not threading.main_thread():
+        yield False
         return
+    previous = {s: signal.signal(s, handler) for s in signums}
     try:
-        yield
+        yield True
     finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+        for s, old in previous.items():
+            signal.signal(s, old)
+
+
+@contextlib.contextmanager
+def interrupts_ignored() -> Iterator[None]:
+    """SIGINT, SIGTERM and SIGHUP ignored for the block (main thread only)."""
+    with _handling((signal.SIGINT, *STOP_SIGNALS), signal.SIG_IGN):
+        yield
 
 
 @contextlib.contextmanager
@@ -46,12 +53,17 @@ def stop_signals_raise() -> Iterator[None]:
     def raise_stop(signum: int, _frame: FrameType | None) -> None:
         raise StopSignal(signum)
 
-    if threading.current_thread() is not threading.main_thread():
+    with _handling(tuple(STOP_SIGNALS), raise_stop):
         yield
-        return
-    previous = {s: signal.signal(s, raise_stop) for s in STOP_SIGNALS}
-    try:
+
+
+@contextlib.contextmanager
+def stop_signals_deferred() -> Iterator[None]:
+    """SIGINT, SIGTERM and SIGHUP held for the block and raised when it ends (KeyboardInterrupt,
+    or StopSignal): a submission that has happened is recorded before `up` stops (main thread
+    only)."""
+    got: list[int] = []
+    with _handling((signal.SIGINT, *STOP_SIGNALS), lambda signum, _frame: got.append(signum)):
         yield
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+    if got:
+        raise KeyboardInterrupt() if got[0] == signal.SIGINT else StopSignal(got[0])

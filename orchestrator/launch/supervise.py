@@ -16,6 +16,7 @@ from orchestrator.launch.backends.base import Backend
 from orchestrator.launch.events import (
     Alive,
     BackendEvent,
+    Ended,
     Exited,
     Lost,
     Milestone,
@@ -82,6 +83,7 @@ class Supervision:
         timeout = options.join_timeout if options.join_timeout is not None else plan.job.rendezvous.join_timeout
         self.rendezvous = RendezvousWatch(plan, timeout) if timeout and all(hl.wrapped for hl in plan.hosts) else None
         self.cause: str | None = None  # what the watchdog diagnosed
+        self.ended_by: str | None = None  # the scheduler's own reason for ending the job (Slurm's words)
         self.global_ranks: dict[tuple[str, int], int] = {}  # (host, local rank) -> rank, as the ranks said
         self.addresses = {hl.host.name: hl.host.address for hl in plan.hosts}
 
@@ -117,6 +119,8 @@ class Supervision:
         self.backend.stop(running, force, failed)
 
     def _fail(self, run: HostRun, why: str, what: str = "failed", consequence: bool = False) -> None:
+        if self.ended_by is not None:
+            return  # the scheduler ended the job: what fails now died of it
         if self.first_failure is None:
             self.first_failure = run
             if not self.stop_sent:
@@ -144,6 +148,8 @@ class Supervision:
             run.error = event.message
         elif isinstance(event, Lost):
             self._mark_lost(run, event.reason)
+        elif isinstance(event, Ended):
+            self._ended(run, event)
         elif isinstance(event, Exited):
             self._exited(run, event.exit_code)
         elif isinstance(event, Reattached):
@@ -222,6 +228,22 @@ class Supervision:
         self.cb.on_state(run)
         self.backend.drop(run.host)  # its node ends the job when it stops hearing from us
         self._lose(run, why)
+
+    def _ended(self, run: HostRun, event: Ended) -> None:
+        """The scheduler ends the job for a reason of its own: its words are the cause, no rank is
+        blamed (the ranks die of it), and there is nothing for us to stop. A node it names as
+        failed is lost."""
+        if self.ended_by is None:
+            self.ended_by = event.cause
+            if not event.lost:  # a lost node's state line says it
+                self.cb.on_notice(event.cause)
+        self.stop_sent = True
+        self.stopped_by_consequence = False
+        if event.lost and not run.done:
+            run.state, run.error, run.ended_at = HostState.LOST, event.cause, time.time()
+            self.links[run.host].enter(LinkState.LOST)
+            self.losses.append(HostLoss(run.host, event.cause, time.time()))
+            self.cb.on_state(run)
 
     def _exited(self, run: HostRun, code: int | None) -> None:
         if run.done:
@@ -368,11 +390,13 @@ class Supervision:
     def _result(self, signum: int | None) -> RunResult:
         runs = list(self.runs.values())
         interrupted = signum is not None
-        ok = all(r.exit_code == 0 for r in runs) and not interrupted and not self.hung and not self.cause
+        ok = all(r.exit_code == 0 for r in runs) and not interrupted and not self.hung and not self.cause \
+            and not self.ended_by
         code = 0 if ok else (128 + signum if signum is not None else 1)
-        if len(runs) == 1 and runs[0].exit_code not in (None, 0) and not interrupted and not self.cause:
+        if len(runs) == 1 and runs[0].exit_code not in (None, 0) and not interrupted and not self.cause \
+                and not self.ended_by:
             code = runs[0].exit_code or 1  # a single host: torchrun's own exit code
-        root = root_cause(self.failures) if not ok else None
+        root = root_cause(self.failures) if not ok and not self.ended_by else None  # the ranks are victims
         loss = self.losses[0] if self.losses and not ok else None
         if loss is not None and root is not None and not root.consequence and \
                 (root.error.timestamp is None or root.error.timestamp < loss.at):
@@ -381,6 +405,6 @@ class Supervision:
             self.runs[root.host] if root is not None else self.first_failure
         result = RunResult(self.plan.job_id, self.run_dir, runs, code, first, interrupted,
                            {hl.host.name: hl.nproc for hl in self.plan.hosts}, self.hung,
-                           root, self.cause, loss, signum)
+                           root, self.cause, loss, signum, self.ended_by)
         write_summary(self.plan, result)
         return result

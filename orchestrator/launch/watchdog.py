@@ -6,7 +6,9 @@ wrapper's `started`); it is overdue `timeout` seconds after torchrun runs on eve
 init_process_group's, between the ranks, ends when every rank has `joined`; it is overdue only
 once every rank has entered it (a rank still loading data before its init is not a hang) and
 `timeout` seconds have passed since the last one did. A job whose ranks never call
-init_process_group is never judged by the second.
+init_process_group is never judged by the second. A node whose torchrun never starts at all
+(a batch task that never ran) makes the first overdue `timeout` seconds after the first node's
+started.
 """
 
 from __future__ import annotations
@@ -62,8 +64,10 @@ class RendezvousWatch:
         return self.count(STARTED) < self.world
 
     def overdue(self, now: float) -> bool:
-        if self.done or len(self.host_started) < len(self.nproc):
-            return False  # a node that never starts is the lost-host check's business
+        if self.done or not self.host_started:
+            return False
+        if len(self.host_started) < len(self.nproc):  # a node whose torchrun never started at all
+            return now - min(self.host_started.values()) > self.timeout
         if self.count(("joined",)) >= self.world:
             self.done = True
             return False
@@ -77,7 +81,9 @@ class RendezvousWatch:
         """host -> how far its ranks got, for each host whose ranks have not all met."""
         out = {}
         for host, n in self.nproc.items():
-            if self.between_nodes:
+            if host not in self.host_started:
+                out[host] = "its torchrun never started"
+            elif self.between_nodes:
                 started = self.count(STARTED, host)
                 if started < n:
                     out[host] = f"{started} of {n} rank(s) started"

@@ -4,6 +4,7 @@ accounting database, so job state comes from squeue and `scontrol show job`."""
 
 from __future__ import annotations
 
+import re
 import secrets
 import shlex
 from collections.abc import Mapping, Sequence
@@ -62,6 +63,23 @@ def parse_key_values(text: str) -> dict[str, str]:
         key, sep, value = token.partition("=")
         if sep:
             out[key] = value
+    return out
+
+
+NODE_REASON = re.compile(r"\bReason=(?P<reason>.*?)(?= [A-Za-z/]+=|$)")
+
+
+def parse_nodes(text: str) -> dict[str, dict[str, str]]:
+    """`scontrol -o show node`: NodeName -> its fields (Reason may hold spaces: "Not responding")."""
+    out: dict[str, dict[str, str]] = {}
+    for line in text.splitlines():
+        fields = parse_key_values(line)
+        if "NodeName" not in fields:
+            continue
+        m = NODE_REASON.search(line)
+        if m is not None:
+            fields["Reason"] = m.group("reason").strip()
+        out[fields["NodeName"]] = fields
     return out
 
 
@@ -144,6 +162,13 @@ class SlurmClient:
     def show_job(self, job_id: str) -> dict[str, str]:
         result = self.run(["scontrol", "-o", "show", "job", job_id], check=False)
         return parse_key_values(result.stdout) if result.exit_code == 0 else {}
+
+    def show_nodes(self, nodelist: str) -> dict[str, dict[str, str]]:
+        """`scontrol show node` for a hostlist ("c[1-2]"); {} when Slurm does not answer."""
+        if not nodelist or nodelist == "(null)":
+            return {}
+        result = self.run(["scontrol", "-o", "show", "node", nodelist], check=False)
+        return parse_nodes(result.stdout) if result.exit_code == 0 else {}
 
     def cancel(self, job_id: str, signal: str | None = None, batch_only: bool = False) -> None:
         argv = ["scancel"] + ([f"--signal={signal}"] if signal else []) + (["--batch"] if batch_only else [])

@@ -6,20 +6,30 @@ head node. The nodes share this filesystem, so `[slurm] python` is this interpre
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import stat
 import subprocess
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.ddpctl_run import ddpctl_argv, wait_for
+from tests.ddpctl_run import wait_for
 from tests.slurm_cluster import SlurmCluster
+from tests.slurm_run import (
+    active_jobs,
+    ddpctl,
+    env_for,
+    job_processes,
+    rank_lines,
+    release_requeued,
+    slurm_job,
+    slurm_record,
+    start_up,
+    summary,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 TRICKY_ARGS = ["a b", "it's", '"quoted"', "$(touch /tmp/ddpctl-pwned)", "; echo injected", "`id`"]
@@ -71,72 +81,6 @@ dist.barrier()
 """
 
 
-def slurm_job(directory: Path, name: str, source: str, args: Sequence[str] = (), *, nodes: int = 2,
-              nproc: int = 2, slurm: dict[str, Any] | None = None, env: dict[str, str] | None = None) -> Path:
-    """A job.toml with a [slurm] table; the script beside it. Values are JSON-quoted (valid TOML)."""
-    script = directory / f"{name}.py"
-    script.write_text(source)
-    table = {"nodes": nodes, "python": sys.executable, **(slurm or {})}
-    lines = ["[job]", f"name = {json.dumps(name)}", f"script = {json.dumps(script.name)}",
-             f"args = {json.dumps(list(args))}", f"nproc_per_node = {nproc}", "[slurm]"]
-    lines += [f"{k} = {json.dumps(v)}" for k, v in table.items()]
-    lines += ["[env]", 'GLOO_SOCKET_IFNAME = "eth0"'] + [f"{k} = {json.dumps(v)}" for k, v in (env or {}).items()]
-    path = directory / f"{name}.toml"
-    path.write_text("\n".join(lines) + "\n")
-    return path
-
-
-def env_for(cluster: SlurmCluster, login: bool = False) -> dict[str, str]:
-    env = dict(os.environ)
-    env.pop("SLURM_CONF", None)
-    return env if login else {**env, **cluster.client_env}
-
-
-def ddpctl(cluster: SlurmCluster, *args: str, cwd: Path, timeout: float = 180,
-           login: bool = False) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(ddpctl_argv(*args), capture_output=True, text=True, timeout=timeout, cwd=cwd,
-                          env=env_for(cluster, login), check=False)
-
-
-def summary(cwd: Path) -> dict[str, Any]:
-    (path,) = list((cwd / "runs").glob("*/summary.json"))
-    return json.loads(path.read_text())
-
-
-def slurm_record(cwd: Path) -> dict[str, Any]:
-    (path,) = list((cwd / "runs").glob("*/slurm.json"))
-    return json.loads(path.read_text())
-
-
-def rank_lines(stdout: str) -> dict[int, str]:
-    """rank -> the `[nodeK:R]  rank=R ...` line, checking the prefix names the rank the rank printed."""
-    found = {}
-    for m in re.finditer(r"^\[(node\d):(\w+)\]\s+rank=(\d+) (.*)$", stdout, re.MULTILINE):
-        assert m.group(2) == m.group(3), f"line labelled rank {m.group(2)} printed rank {m.group(3)}"
-        found[int(m.group(3))] = m.group(0)
-    return found
-
-
-def job_processes(cluster: SlurmCluster) -> dict[int, list[str]]:
-    """What runs in each compute node besides its slurmd (by command name)."""
-    out = {}
-    for i in range(len(cluster.nodes)):
-        names = []
-        for pid in cluster.node_pids(i):
-            try:
-                names.append(Path(f"/proc/{pid}/comm").read_text().strip())
-            except OSError:
-                continue
-        if names:
-            out[i] = names
-    return out
-
-
-def active_jobs(cluster: SlurmCluster) -> list[str]:
-    """Jobs still in Slurm's queue (pending, running or completing), as `id name state`."""
-    return [line for line in cluster.slurm("squeue", "-h", "-o", "%i %j %T").stdout.splitlines() if line.strip()]
-
-
 def test_two_nodes_two_ranks_each_verbatim_args_and_env_off_the_command_line(
         slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
     job = slurm_job(tmp_path, "show", SHOW, TRICKY_ARGS, env={"API_TOKEN": "s3cret-token"})
@@ -180,11 +124,6 @@ def test_a_failing_rank_ends_the_job_on_every_node_and_is_named(slurm_cluster: S
     assert active_jobs(slurm_cluster) == []
 
 
-def start_up(cluster: SlurmCluster, job: Path, cwd: Path, out: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(ddpctl_argv("up", str(job)), cwd=cwd, env=env_for(cluster),
-                            stdout=out.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
-
-
 def test_ctrl_c_cancels_the_job_and_leaves_no_process_on_any_node(slurm_cluster: SlurmCluster,
                                                                   tmp_path: Path) -> None:
     job = slurm_job(tmp_path, "sleepy", SLEEP)
@@ -224,6 +163,9 @@ def test_detach_then_ps_logs_and_down(slurm_cluster: SlurmCluster, tmp_path: Pat
     running = wait_for(lambda: [j for j in ps() if j["slurm_job_id"] == slurm_id and j["state"] == "RUNNING"],
                        60, "the job to run")
     assert running[0]["job_id"] == job_id
+    plain = ddpctl(slurm_cluster, "ps", cwd=tmp_path)  # no --backend: Slurm's client is configured here
+    assert plain.returncode == 0, plain.stderr
+    assert any(slurm_id in line and job_id[:12] in line for line in plain.stdout.splitlines()), plain.stdout
 
     def logs() -> str:
         out = ddpctl(slurm_cluster, "logs", str(job), cwd=tmp_path)
@@ -325,12 +267,7 @@ def test_requeue_before_the_time_limit_resumes_from_the_checkpoint(slurm_cluster
         wait_for(lambda: re.search(r"\]\s+epoch=\d", out.read_text()), 120, "the first epoch")
         slurm_id = slurm_record(tmp_path)["slurm_job_id"]
         assert slurm_cluster.slurm("scancel", "--signal=USR1", "--batch", slurm_id).returncode == 0
-        wait_for(lambda: "PENDING" in slurm_cluster.slurm("squeue", "-h", "-j", slurm_id, "-o", "%T").stdout,
-                 120, "the job to be requeued")
-        # Slurm holds a requeued job for a while (BeginTime): let it start sooner, but not in the second
-        # its old run was killed in: slurmd revokes the job's credential on a one-second clock, and a
-        # new run allocated within that second is killed ("Job credential revoked") before it starts
-        assert slurm_cluster.slurm("scontrol", "update", f"JobId={slurm_id}", "StartTime=now+2").returncode == 0
+        release_requeued(slurm_cluster, slurm_id)
         assert proc.wait(240) == 0, out.read_text()[-4000:]
     finally:
         if proc.poll() is None:

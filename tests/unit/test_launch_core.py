@@ -22,6 +22,7 @@ from orchestrator.launch.inline import InlineProgram
 from orchestrator.launch.observer import Collected
 from orchestrator.launch.options import LaunchOptions
 from orchestrator.launch.plan import LaunchPlan, build_plan
+from orchestrator.launch.result import HostRun, RunResult
 from orchestrator.launch.watchdog import RendezvousWatch
 from orchestrator.remote.wire import RankError, RankPhase, SuperviseResult
 
@@ -245,6 +246,20 @@ def test_a_rank_still_busy_before_its_init_is_not_a_hang() -> None:
     assert not rdzv.overdue(much_later) and rdzv.done
 
 
+def test_a_node_whose_torchrun_never_starts_trips_the_watchdog_and_is_named(tmp_path: Path) -> None:
+    """A batch task that never ran (b): the started node waits in torchrun's rendezvous forever."""
+    def script(b: ScriptedBackend, emit: Emit) -> None:
+        emit_all(emit, [Started("a"), phase("a", 0, 0, "started")])
+        b.stopped.wait(20)
+        emit_all(emit, [Exited("a", 143), Exited("b", 143)])
+
+    result, _out, _ = launch(script, tmp_path, join_timeout=0.5)
+    assert result.exit_code == 1 and result.cause is not None
+    assert "torchrun's rendezvous" in result.cause and "b: its torchrun never started" in result.cause
+    rdzv = RendezvousWatch(build_plan(make_job(), "t-1", {"a": 2, "b": 2}, 29555), timeout=0.5)
+    assert not rdzv.overdue(time.monotonic() + 1000)  # nothing started yet: not the watchdog's to judge
+
+
 def test_every_rank_stuck_in_init_trips_the_watchdog_and_a_clear_port_points_elsewhere(tmp_path: Path) -> None:
     def script(b: ScriptedBackend, emit: Emit) -> None:
         emit_all(emit, [Started("a"), Started("b")] + [phase(h, i, 0, p) for h in "ab" for i in (0, 1)
@@ -293,3 +308,10 @@ def test_the_root_cause_is_the_first_rank_error_in_time_not_the_first_host_to_ex
     assert (result.root_cause.host, result.root_cause.error.rank) == ("b", 3)
     assert result.first_failure is not None and result.first_failure.host == "b"
     assert json.loads((result.run_dir / "summary.json").read_text())["root_cause"]["error"]["kind"] == "ValueError"
+
+
+def test_a_global_rank_counts_the_processes_of_the_nodes_before_even_when_they_differ(tmp_path: Path) -> None:
+    runs = [HostRun("a", 0, "a"), HostRun("b", 1, "b"), HostRun("c", 2, "c")]
+    result = RunResult("t-1", tmp_path, runs, 1, None, nprocs={"a": 2, "b": 1, "c": 4})
+    assert [result.global_rank(r, 0) for r in runs] == [0, 2, 3]
+    assert result.global_rank(runs[2], 3) == 6 and result.global_rank(runs[1], "x") is None

@@ -26,7 +26,17 @@ from orchestrator.doctor.model import ProbeResults
 from orchestrator.hostops.stacks import StacksReport
 from orchestrator.launch import core, supervise
 from orchestrator.launch.backends.base import DetachReport, Emit, Notice, Resolved
-from orchestrator.launch.events import Alive, BackendEvent, Exited, Lost, Output, Reattached, Reported, Started
+from orchestrator.launch.events import (
+    Alive,
+    BackendEvent,
+    Ended,
+    Exited,
+    Lost,
+    Output,
+    Reattached,
+    Reported,
+    Started,
+)
 from orchestrator.launch.faults import FaultLimits
 from orchestrator.launch.labels import RankLines
 from orchestrator.launch.lanes import Lanes
@@ -579,3 +589,47 @@ def test_print_failure_heads_with_the_lost_host_then_its_consequence(
                    "[198.18.0.2]:1234")
     assert lines[1:] == ([consequence] if with_echo else [])
     assert CLOCK.search(lines[0])
+
+
+# -- the scheduler's own end (Slurm: an outside cancel, a time limit, a failed node) ---------------
+
+CANCELLED = "Slurm job 34 was cancelled at 12:00:00, not by ddpctl"
+
+
+@pytest.mark.parametrize("lost", [False, True], ids=["cancelled", "node-failed"])
+def test_a_job_the_scheduler_ended_names_its_reason_blames_no_rank_and_stops_nothing(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, lost: bool) -> None:
+    def script(b: FaultyBackend, emit: Emit) -> None:
+        emit_all(emit, [Started("a"), Started("b"), Ended("b", CANCELLED, lost=lost),
+                        phase("a", 0, 0, "error", error=rank_error("Connection closed by peer")),
+                        Reported("a", SuperviseResult(1, "supervisor got signal 15", None, None, None, None)),
+                        Exited("a", 1), Exited("b", 1)])
+
+    result, out, backend = run_job(script, tmp_path)
+    assert result.exit_code == 1 and result.ended_by == CANCELLED
+    assert backend.stops == []  # the scheduler is ending it: nothing for us to stop
+    assert result.root_cause is None  # the rank that died of it is no failure
+    assert states(result) == {"a": HostState.STOPPED, "b": HostState.LOST if lost else HostState.STOPPED}
+    assert summary(result)["ended_by"] == CANCELLED
+    text = print_failure_text(monkeypatch, result)
+    lines = [line for line in text.splitlines() if line]
+    if lost:
+        assert result.loss is not None and result.loss.host == "b"
+        assert lines == [f"first failure: b lost at {result.loss.when()}: {CANCELLED}"]
+    else:
+        assert lines == [f"first failure: {CANCELLED}", "  no rank failed: Slurm ended them (their lines are in "
+                                                        "the logs)"]
+        assert CANCELLED in out.notices
+
+
+def test_a_signal_during_a_submission_lands_once_the_block_ends() -> None:
+    """Slurm's sbatch must not be cut between submitting and recording the job id."""
+    from orchestrator.launch.signals import StopSignal, stop_signals_deferred
+
+    reached, before = [], signal.getsignal(signal.SIGTERM)
+    with pytest.raises(StopSignal) as caught, stop_signals_deferred():
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.05)
+        reached.append("after the signal")
+    assert reached == ["after the signal"] and caught.value.signum == signal.SIGTERM
+    assert signal.getsignal(signal.SIGTERM) == before  # the handler is given back

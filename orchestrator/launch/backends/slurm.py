@@ -19,9 +19,19 @@ from orchestrator.doctor.slurm import controller_findings, reprobe_job
 from orchestrator.errors import HostError
 from orchestrator.hostops.stacks import StacksReport, assemble
 from orchestrator.launch.backends.base import DetachReport, Emit, Notice, Resolved, supervise_request
-from orchestrator.launch.backends.slurm_script import render_batch, sbatch_argv, state_dir
+from orchestrator.launch.backends.slurm_events import (
+    Kind,
+    SlurmEvent,
+    SlurmSaid,
+    down_nodes,
+    judge,
+    queue_seconds,
+    slurm_said,
+)
+from orchestrator.launch.backends.slurm_script import DOWN_MARK, render_batch, sbatch_argv, state_dir
 from orchestrator.launch.events import (
     Alive,
+    Ended,
     Exited,
     Lost,
     Milestone,
@@ -34,6 +44,7 @@ from orchestrator.launch.events import Notice as NoticeEvent
 from orchestrator.launch.options import LaunchOptions
 from orchestrator.launch.plan import LaunchPlan, mask_env
 from orchestrator.launch.preflight import ChecksFailed
+from orchestrator.launch.signals import stop_signals_deferred
 from orchestrator.remote.agent import (
     AgentEvent,
     AgentResult,
@@ -54,6 +65,8 @@ WIND_DOWN_S = 120.0  # after the last node ended, how long to wait for Slurm to 
 NODE_FILE = re.compile(r"^r(?P<run>\d+)-node(?P<node>\d+)\.out$")
 REQUEUE_FILE = re.compile(r"^requeue-(?P<run>\d+)$")
 RENDEZVOUS_LINE = re.compile(r"rendezvous (?P<endpoint>\S+:\d+)$")  # the batch script's own line
+RUN_LINE = re.compile(r"^ddpctl: run (?P<run>\d+) of Slurm job")  # the batch script's first line per run
+CLEAN_EXIT_FRESH_S = 1.0  # a clean node exit trusts Slurm's answer this old (N nodes end at once)
 FOLLOW_PATTERN = r"^(r\d+-node\d+|batch)\.out$"
 
 
@@ -104,8 +117,18 @@ class SlurmBackend:
         self.closed = threading.Event()
         self.gone = threading.Event()  # the job has left Slurm's running states (or never started)
         self.follower: AgentStream | None = None
-        self.requeued: set[int] = set()
+        self.requeued: set[int] = set()  # runs that ended for a requeue (ours, an admin's, a preemption)
         self.exited: set[int] = set()  # nodes whose final report came
+        self.run = 0  # the run (SLURM_RESTART_COUNT) whose output is newest
+        self.batch_run = 0  # the run the batch shell's lines belong to
+        self.said: dict[int, list[SlurmSaid]] = {}  # run -> Slurm's own lines in the job's output
+        self.ended: SlurmEvent | None = None  # Slurm ended the job for a reason of its own
+        self.cancelling = False  # ddpctl asked Slurm to end the job: a CANCELLED state is ours
+        self.asked: tuple[float, SlurmEvent | None] | None = None  # the last verdict and when
+        self.judging = threading.Lock()  # the follower and a stop may both ask
+        self.held: list[tuple[int, int, str]] = []  # (run, node, line): ends told once Slurm says why
+        self.final = False  # the job has left Slurm's active states: no more waiting for its word
+        self.emit: Emit = lambda _event: None
         self.runs_seen: set[tuple[int, int]] = set()
         self.endpoint: str | None = None  # host:port of the current run's rendezvous (from the batch shell)
         self.node_names: dict[str, str] = {}  # node0.. -> the Slurm node it ran on (last run)
@@ -160,16 +183,17 @@ class SlurmBackend:
     # -- running ----------------------------------------------------------------------------
     def start(self, plan: LaunchPlan, options: LaunchOptions, emit: Emit) -> None:
         """Submit (a refusal raises HostError: nothing was started), then follow in the background."""
-        try:
-            sub = self.submit(plan, options)
-        except BaseException:
-            self.gone.set()
-            raise
-        with self.lock:
-            self.submitted = sub
-        emit(NoticeEvent(plan.hosts[0].host.name,
-                         f"submitted Slurm job {sub.slurm_id} on {self.client.where}; its files: {sub.state}"))
-        threading.Thread(target=self._run, args=(sub, emit), daemon=True).start()
+        with stop_signals_deferred():  # a Ctrl-C or SIGTERM lands once the job is known and followed
+            try:
+                sub = self.submit(plan, options)
+            except BaseException:
+                self.gone.set()
+                raise
+            with self.lock:
+                self.submitted, self.emit = sub, emit
+            emit(NoticeEvent(plan.hosts[0].host.name,
+                             f"submitted Slurm job {sub.slurm_id} on {self.client.where}; its files: {sub.state}"))
+            threading.Thread(target=self._run, args=(sub, emit), daemon=True).start()
 
     def _run(self, sub: Submission, emit: Emit) -> None:
         try:
@@ -205,7 +229,13 @@ class SlurmBackend:
                 if m:
                     with self.lock:
                         self.endpoint = m.group("endpoint")
+                m = RUN_LINE.match(text)
+                if m:
+                    self.batch_run = int(m.group("run"))
+                said = self._saw(self.batch_run, text)
                 emit(NoticeEvent(names[0], f"slurm: {text}"))
+                if said is not None and said.job and self.held:
+                    self._release(sub, emit)  # Slurm has said why it ends the job
                 continue
             m = NODE_FILE.match(name)
             if m and int(m.group("node")) < len(names):
@@ -214,34 +244,116 @@ class SlurmBackend:
     def _node_line(self, sub: Submission, run: int, node: int, names: Sequence[str], text: str,
                    emit: Emit) -> None:
         host = names[node]
+        self.run = max(self.run, run)
         message = decode(OutputLine("stdout", text))
         if isinstance(message, OutputLine):
+            self._saw(run, message.text)
             emit(Output(host, (message.text,)))
-        elif isinstance(message, AgentResult):
-            result = parse_supervise(message.data)
-            if run in self.requeued:
-                emit(NoticeEvent(host, f"{host}: run {run} ended (exit {result.exit_code}) for the requeue"))
+            return
+        event_name = message.name if isinstance(message, AgentEvent) else "result"
+        phase = parse_rank_phase(message.fields) if isinstance(message, AgentEvent) and event_name == "rank" else None
+        if event_name in ("result", "error") or (phase is not None and phase.error is not None):
+            # an end or a failure: first ask whether Slurm itself is ending the run
+            clean = isinstance(message, AgentResult) and parse_supervise(message.data).exit_code == 0
+            event = None if self.held else self.verdict(sub, run, fresh_s=CLEAN_EXIT_FRESH_S if clean else 0.0)
+            if self.held or (event is not None and event.kind is Kind.ENDING and not self.final):
+                self.held.append((run, node, text))  # told once Slurm says why (in order)
                 return
+            if event is not None and event.kind is not Kind.ENDING:
+                self._victim(host, node, run, message, emit, requeue=event.kind is Kind.REQUEUED)
+                return
+        if isinstance(message, AgentResult):
+            result = parse_supervise(message.data)
             self.exited.add(node)
             emit(Reported(host, result))
             emit(Exited(host, result.exit_code))
-        elif message.name == "started":
+        elif event_name == "started":
             if (run, node) not in self.runs_seen:
                 self.runs_seen.add((run, node))
                 self.node_names[host] = str(message.get("hostname"))
                 emit(NoticeEvent(host, f"{host} is {message.get('hostname')} (Slurm job {sub.slurm_id}"
                                        + (f", run {run} after requeue)" if run else ")")))
             emit(Started(host, message.get("log"), message.get("hostname")))
-        elif message.name == "error":
+        elif event_name == "error":
             emit(Problem(host, str(message.get("message"))))
-        elif message.name == "rank":
-            emit(Milestone(host, parse_rank_phase(message.fields)))
+        elif phase is not None:
+            emit(Milestone(host, phase))
         else:
             emit(Alive(host))
 
+    def _victim(self, host: str, node: int, run: int, message: AgentEvent | AgentResult, emit: Emit,
+                requeue: bool) -> None:
+        """A node's end or failure that Slurm caused: a requeued run's end is news, never the
+        job's result; a rank's error is not told as a failure (its lines are in the log)."""
+        if not isinstance(message, AgentResult):
+            return
+        result = parse_supervise(message.data)
+        if requeue:
+            emit(NoticeEvent(host, f"{host}: run {run} ended (exit {result.exit_code}) for the requeue"))
+            return
+        self.exited.add(node)
+        emit(Reported(host, result))
+        emit(Exited(host, result.exit_code))
+
+    def _release(self, sub: Submission, emit: Emit) -> None:
+        """Slurm has said why it ends the job (or the job has ended): tell what was held, in order."""
+        names = [hl.host.name for hl in sub.plan.hosts]
+        held, self.held = self.held, []
+        for run, node, text in held:
+            self._node_line(sub, run, node, names, text, emit)
+
+    def _saw(self, run: int, text: str) -> SlurmSaid | None:
+        said = slurm_said(text)
+        if said is not None:
+            self.said.setdefault(run, []).append(said)
+        return said
+
+    def verdict(self, sub: Submission, run: int, fresh_s: float = 0.0) -> SlurmEvent | None:
+        """Did Slurm itself end run `run` (a requeue by anyone, a cancel from outside ddpctl, a
+        failed node, a time limit)? Asked of Slurm when a node reports an end or a failure, before
+        it is told as one; the answer is emitted once (a notice for a requeue, `Ended` otherwise)."""
+        with self.judging:
+            return self._verdict(sub, run, fresh_s)
+
+    def _verdict(self, sub: Submission, run: int, fresh_s: float) -> SlurmEvent | None:
+        if run in self.requeued:
+            return SlurmEvent(Kind.REQUEUED, "", run=run)
+        if self.ended is not None:
+            return self.ended
+        if self.cancelling:
+            return None  # ddpctl is ending the job: what follows is ours
+        if fresh_s and self.asked is not None and time.monotonic() - self.asked[0] < fresh_s:
+            return self.asked[1]
+        show = self.client.show_job(sub.slurm_id)
+        down = down_nodes(self.client.show_nodes(show.get("NodeList", ""))) \
+            if show.get("JobState") in ("NODE_FAIL", "COMPLETING") else {}
+        event = judge(sub.slurm_id, show, run, self.said.get(run, []), down)
+        if event is not None and event.kind is Kind.CANCELLED:  # by `ddpctl down`? it leaves its mark
+            by = self.client.read(f"{sub.state}/{DOWN_MARK}")
+            event = judge(sub.slurm_id, show, run, self.said.get(run, []), down, by.strip() if by else None)
+        self.asked = (time.monotonic(), event)
+        if event is not None and event.kind is not Kind.ENDING:
+            self._record(sub, event, self.emit)
+        return event
+
+    def _record(self, sub: Submission, event: SlurmEvent, emit: Emit) -> None:
+        names = [hl.host.name for hl in sub.plan.hosts]
+        if event.kind is Kind.REQUEUED:
+            if event.run not in self.requeued:
+                self.requeued.add(event.run)
+                emit(NoticeEvent(names[0], event.text))
+            return
+        self.ended = event
+        by_node = {node: host for host, node in self.node_names.items()}
+        lost = [by_node[n] for n in event.nodes if n in by_node]
+        for host in lost:
+            emit(Ended(host, event.text, lost=True))
+        if not lost:
+            emit(Ended(names[0], event.text))
+
     def _poll(self, sub: Submission, emit: Emit, reader: threading.Thread) -> None:
         names = [hl.host.name for hl in sub.plan.hosts]
-        submitted, said, running_since = time.monotonic(), "", None
+        queued_at, said, running = time.monotonic(), "", False
         job: QueuedJob | None = None
         while not self.closed.is_set():
             try:
@@ -252,21 +364,36 @@ class SlurmBackend:
                 continue
             if job is None or not job.active:
                 break
-            if job.queued:  # at first, and again after a requeue
-                running_since = None
-                for name in names:  # the scheduler vouches for them: not lost, waiting
+            if job.state != "RUNNING":  # queued, completing, requeued: the scheduler vouches for
+                for name in names:  # the nodes (not lost: waiting for Slurm)
                     emit(Alive(name))
-                words = f"queued ({job.reason})" if job.reason and job.reason != "None" else "queued"
+            if job.queued:  # at first, and again after a requeue
+                if running:
+                    running, queued_at = False, time.monotonic()
+                    if self.runs_seen:  # back in the queue with no node telling why: ask Slurm
+                        self.verdict(sub, self.run)
+                words = self._queued_words(sub, job)
                 if words != said:
                     said = words
                     emit(NoticeEvent(names[0], f"Slurm job {sub.slurm_id} {words}"))
-            elif job.state == "RUNNING" and running_since is None:
-                running_since = time.monotonic()
-                said = ""
+            elif job.state == "RUNNING" and not running:
+                running, said = True, ""
+                waited = queue_seconds(self.client.show_job(sub.slurm_id))
+                waited = time.monotonic() - queued_at if waited is None else waited
                 emit(NoticeEvent(names[0], f"Slurm job {sub.slurm_id} running on {job.nodes} after "
-                                           f"{running_since - submitted:.1f}s in the queue"))
+                                           f"{waited:.0f}s in the queue"))
             self.closed.wait(POLL_S)
         self._finish(sub, job, emit, reader)
+
+    def _queued_words(self, sub: Submission, job: QueuedJob) -> str:
+        """"queued", with Slurm's reason; a requeued job held until a time says until when."""
+        if not job.reason or job.reason == "None":
+            return "queued"
+        if job.reason == "BeginTime":
+            begin = self.client.show_job(sub.slurm_id).get("EligibleTime", "")
+            if "T" in begin:
+                return f"queued (BeginTime: Slurm holds it until {begin.rpartition('T')[2]})"
+        return f"queued ({job.reason})"
 
     def _finish(self, sub: Submission, job: QueuedJob | None, emit: Emit, reader: threading.Thread) -> None:
         """The job has left the running states: drain its output, then every node not yet
@@ -277,15 +404,19 @@ class SlurmBackend:
             except Exception:
                 self.follower.abort()
             reader.join(30)
+        self.final = True
+        self._release(sub, emit)
         show = self.client.show_job(sub.slurm_id)
         state = show.get("JobState") or (job.state if job else "ended")
         reason = show.get("Reason") or (job.reason if job else "")
         code = exit_code_of(show) if state != "COMPLETED" else 0
+        event = self.verdict(sub, self.run) if len(self.exited) < len(sub.plan.hosts) else None
         for node, hl in enumerate(sub.plan.hosts):
             if node in self.exited:
                 continue
-            why = f"Slurm ended the job ({state}" + (f", {reason}" if reason and reason != "None" else "") + ")"
-            emit(Problem(hl.host.name, f"{why} before {hl.host.name} reported"))
+            if event is None:
+                why = f"Slurm ended the job ({state}" + (f", {reason}" if reason and reason != "None" else "") + ")"
+                emit(Problem(hl.host.name, f"{why} before {hl.host.name} reported"))
             emit(Exited(hl.host.name, code or 1))
 
     def stop(self, hosts: Sequence[str], force: bool, failed: bool = False) -> None:
@@ -294,8 +425,12 @@ class SlurmBackend:
         ends its torchrun at once: node_agent/supervisor.py)."""
         with self.lock:
             sub = self.submitted
-        if sub is not None:
-            self.client.cancel(sub.slurm_id, "KILL" if force else None)
+        if sub is None:
+            return
+        if failed and not force and self.verdict(sub, self.run) is not None:
+            return  # Slurm is requeueing the job, or has ended it: never cancel what it does
+        self.cancelling = True
+        self.client.cancel(sub.slurm_id, "KILL" if force else None)
 
     def drop(self, host: str) -> None:
         return None  # the scheduler owns the nodes: a lost one ends with the job (scancel)

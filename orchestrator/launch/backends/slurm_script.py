@@ -16,6 +16,7 @@ from inventory.slurm import SlurmSpec
 from orchestrator.launch.plan import SLURM_RDZV_ENV, LaunchPlan
 
 JOB_COMMENT = "ddpctl"  # squeue's %k: how `ddpctl ps` knows ddpctl's jobs
+DOWN_MARK = "cancelled-by"  # in the job's directory: `ddpctl down` cancelled it (who, where, when)
 PORT_SPREAD = 1000  # the rendezvous port: base + job id % PORT_SPREAD, then the next free one
 PORT_TRIES = 200
 
