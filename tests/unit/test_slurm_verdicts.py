@@ -188,6 +188,14 @@ def test_a_failure_while_the_job_runs_is_the_jobs_own(tmp_path: Path, monkeypatc
     assert any(isinstance(e, Reported) for e in events)
 
 
+def test_a_controller_that_does_not_answer_is_asked_again_before_a_verdict(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(slurm_backend, "SHOW_RETRY_S", 0.0)
+    client = FakeClient([{}, {}, show(JobState="COMPLETING", Restarts="1")])
+    _, events = run_backend(tmp_path, monkeypatch, client, [("r0-node0.out", result_line(1))])
+    assert told(events) == ["requeue node0", "requeue node0"] and client.asked == 3
+
+
 def test_an_admins_requeue_swallows_the_runs_ends_and_its_victims_errors(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     client = FakeClient([show(JobState="COMPLETING", Restarts="1")])

@@ -67,6 +67,7 @@ REQUEUE_FILE = re.compile(r"^requeue-(?P<run>\d+)$")
 RENDEZVOUS_LINE = re.compile(r"rendezvous (?P<endpoint>\S+:\d+)$")  # the batch script's own line
 RUN_LINE = re.compile(r"^ddpctl: run (?P<run>\d+) of Slurm job")  # the batch script's first line per run
 CLEAN_EXIT_FRESH_S = 1.0  # a clean node exit trusts Slurm's answer this old (N nodes end at once)
+SHOW_TRIES, SHOW_RETRY_S = 4, 0.5  # scontrol show job, while slurmctld does not answer
 FOLLOW_PATTERN = r"^(r\d+-node\d+|batch)\.out$"
 
 
@@ -324,7 +325,7 @@ class SlurmBackend:
             return None  # ddpctl is ending the job: what follows is ours
         if fresh_s and self.asked is not None and time.monotonic() - self.asked[0] < fresh_s:
             return self.asked[1]
-        show = self.client.show_job(sub.slurm_id)
+        show = self._show(sub)
         down = down_nodes(self.client.show_nodes(show.get("NodeList", ""))) \
             if show.get("JobState") in ("NODE_FAIL", "COMPLETING") else {}
         event = judge(sub.slurm_id, show, run, self.said.get(run, []), down)
@@ -335,6 +336,16 @@ class SlurmBackend:
         if event is not None and event.kind is not Kind.ENDING:
             self._record(sub, event, self.emit)
         return event
+
+    def _show(self, sub: Submission) -> dict[str, str]:
+        """`scontrol show job`, asked again (bounded) while slurmctld does not answer: a requeue
+        misread as the job's own failure would be cancelled."""
+        for _ in range(SHOW_TRIES - 1):
+            show = self.client.show_job(sub.slurm_id)
+            if show:
+                return show
+            time.sleep(SHOW_RETRY_S)
+        return self.client.show_job(sub.slurm_id)
 
     def _record(self, sub: Submission, event: SlurmEvent, emit: Emit) -> None:
         names = [hl.host.name for hl in sub.plan.hosts]
