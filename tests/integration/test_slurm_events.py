@@ -6,9 +6,11 @@ nothing that Slurm is requeueing."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 import signal
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -55,28 +57,32 @@ def show(cluster: SlurmCluster, slurm_id: str) -> dict[str, str]:
     return dict(tok.split("=", 1) for tok in out.split() if "=" in tok)
 
 
+@contextlib.contextmanager
 def attached(cluster: SlurmCluster, tmp_path: Path, name: str, source: str, ready: int,
-             **slurm: object) -> tuple[Path, subprocess.Popen[bytes]]:
+             **slurm: object) -> Iterator[tuple[Path, subprocess.Popen[bytes]]]:
+    """`up` attached to a job whose ranks are all ready; killed at the end of the block if it is
+    still running (a failed assertion must not leave it behind)."""
     job = slurm_job(tmp_path, name, source, nproc=1, slurm=dict(slurm) or None)
     out = tmp_path / "up.out"
     proc = start_up(cluster, job, tmp_path, out)
-    wait_for(lambda: out.read_text().count(" ready") >= ready or proc.poll() is not None, 120, "every rank ready")
-    assert proc.poll() is None, out.read_text()[-3000:]
-    return out, proc
+    try:
+        wait_for(lambda: out.read_text().count(" ready") >= ready or proc.poll() is not None, 120,
+                 "every rank ready")
+        assert proc.poll() is None, out.read_text()[-3000:]
+        yield out, proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
 
 
 def test_an_admins_requeue_is_followed_to_the_rerun_whose_result_is_the_jobs(slurm_cluster: SlurmCluster,
                                                                              tmp_path: Path) -> None:
     c = slurm_cluster
-    out, proc = attached(c, tmp_path, "requeued", RERUN, 2, requeue=True)
-    try:
+    with attached(c, tmp_path, "requeued", RERUN, 2, requeue=True) as (out, proc):
         slurm_id = slurm_record(tmp_path)["slurm_job_id"]
         assert c.slurm("scontrol", "requeue", slurm_id).returncode == 0  # the admin, not ddpctl
         release_requeued(c, slurm_id)  # as the admin may, instead of Slurm's 2-minute hold
         assert proc.wait(180) == 0, out.read_text()[-4000:]
-    finally:
-        if proc.poll() is None:
-            proc.kill()
     text = out.read_text()
     assert re.search(rf"Slurm requeued job {slurm_id} \(job requeue\): run 0 ended", text), text[-4000:]
     assert "DUE TO JOB REQUEUE" in text  # Slurm's own words, quoted
@@ -93,14 +99,10 @@ def test_an_admins_requeue_is_followed_to_the_rerun_whose_result_is_the_jobs(slu
 def test_a_cancel_from_outside_ddpctl_is_named_and_no_rank_is_blamed(slurm_cluster: SlurmCluster,
                                                                      tmp_path: Path) -> None:
     c = slurm_cluster
-    out, proc = attached(c, tmp_path, "cancelled", SLEEP, 2)
-    try:
+    with attached(c, tmp_path, "cancelled", SLEEP, 2) as (out, proc):
         slurm_id = slurm_record(tmp_path)["slurm_job_id"]
         assert c.slurm("scancel", slurm_id).returncode == 0
         assert proc.wait(120) == 1, out.read_text()[-4000:]
-    finally:
-        if proc.poll() is None:
-            proc.kill()
     text = out.read_text()
     headline = re.search(r"first failure: (.*)", text)
     assert headline is not None, text[-4000:]
@@ -117,13 +119,9 @@ def test_a_cancel_from_outside_ddpctl_is_named_and_no_rank_is_blamed(slurm_clust
 def test_sigterm_and_sighup_to_up_cancel_the_job(slurm_cluster: SlurmCluster, tmp_path: Path,
                                                  signum: signal.Signals) -> None:
     c = slurm_cluster
-    out, proc = attached(c, tmp_path, "signalled", SLEEP, 2)
-    try:
+    with attached(c, tmp_path, "signalled", SLEEP, 2) as (out, proc):
         proc.send_signal(signum)
         assert proc.wait(120) == 128 + signum, out.read_text()[-4000:]
-    finally:
-        if proc.poll() is None:
-            proc.kill()
     text = out.read_text()
     assert re.search(rf"got {signum.name}\b.*: stopping the job on every host", text), text[-3000:]
     assert active_jobs(c) == []  # `up` returned once Slurm had ended the job
@@ -138,13 +136,9 @@ def test_a_node_whose_slurmd_dies_is_named_as_slurm_marks_it(tmp_path_factory: p
     tmp_path = tmp_path_factory.mktemp("nodefail")
     with start_slurm_cluster(2, tmp_path_factory.mktemp("slurm-nodefail"),
                              settings={"SlurmdTimeout": "5"}) as c:
-        out, proc = attached(c, tmp_path, "nodefail", SLEEP, 2)
-        try:
+        with attached(c, tmp_path, "nodefail", SLEEP, 2) as (out, proc):
             c.kill_slurmd(1)
             assert proc.wait(150) == 1, out.read_text()[-4000:]
-        finally:
-            if proc.poll() is None:
-                proc.kill()
         text = out.read_text()
         failed = c.nodes[1]
         assert re.search(rf"first failure: node1 lost at \S+: Slurm marked node {failed} NODE_FAIL", text), \

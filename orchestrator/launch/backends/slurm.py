@@ -253,18 +253,21 @@ class SlurmBackend:
             return
         event_name = message.name if isinstance(message, AgentEvent) else "result"
         phase = parse_rank_phase(message.fields) if isinstance(message, AgentEvent) and event_name == "rank" else None
+        result = parse_supervise(message.data) if isinstance(message, AgentResult) else None
         if event_name in ("result", "error") or (phase is not None and phase.error is not None):
             # an end or a failure: first ask whether Slurm itself is ending the run
-            clean = isinstance(message, AgentResult) and parse_supervise(message.data).exit_code == 0
+            clean = result is not None and result.exit_code == 0
             event = None if self.held else self.verdict(sub, run, fresh_s=CLEAN_EXIT_FRESH_S if clean else 0.0)
             if self.held or (event is not None and event.kind is Kind.ENDING and not self.final):
                 self.held.append((run, node, text))  # told once Slurm says why (in order)
                 return
-            if event is not None and event.kind is not Kind.ENDING:
-                self._victim(host, node, run, message, emit, requeue=event.kind is Kind.REQUEUED)
+            if event is not None and event.kind is Kind.REQUEUED:
+                if result is not None:  # a requeued run's end is news, never the job's result
+                    emit(NoticeEvent(host, f"{host}: run {run} ended (exit {result.exit_code}) for the requeue"))
                 return
-        if isinstance(message, AgentResult):
-            result = parse_supervise(message.data)
+            if event is not None and event.kind is not Kind.ENDING and result is None:
+                return  # a rank that died of what Slurm did (a cancel, a failed node): not a failure
+        if result is not None:
             self.exited.add(node)
             emit(Reported(host, result))
             emit(Exited(host, result.exit_code))
@@ -281,20 +284,6 @@ class SlurmBackend:
             emit(Milestone(host, phase))
         else:
             emit(Alive(host))
-
-    def _victim(self, host: str, node: int, run: int, message: AgentEvent | AgentResult, emit: Emit,
-                requeue: bool) -> None:
-        """A node's end or failure that Slurm caused: a requeued run's end is news, never the
-        job's result; a rank's error is not told as a failure (its lines are in the log)."""
-        if not isinstance(message, AgentResult):
-            return
-        result = parse_supervise(message.data)
-        if requeue:
-            emit(NoticeEvent(host, f"{host}: run {run} ended (exit {result.exit_code}) for the requeue"))
-            return
-        self.exited.add(node)
-        emit(Reported(host, result))
-        emit(Exited(host, result.exit_code))
 
     def _release(self, sub: Submission, emit: Emit) -> None:
         """Slurm has said why it ends the job (or the job has ended): tell what was held, in order."""
