@@ -380,8 +380,10 @@ class SlurmCluster:
             "SelectTypeParameters=CR_Core",
             # Nodes are declared with CPUs/RealMemory below, whatever this machine has.
             "SlurmdParameters=config_overrides",
-            # Schedule a batch job when it is submitted, not up to 3 s later (the default).
-            "SchedulerParameters=batch_sched_delay=0",
+            # Schedule a batch job when it is submitted, not up to 3 s later (the default); and run
+            # the main scheduling loop every 2 s, not 60 s: slurmctld's first cycle is otherwise
+            # triggered only by an event at start-up, and a CI run once saw none within 20 s.
+            "SchedulerParameters=batch_sched_delay=0,sched_interval=2",
             "ReturnToService=2",
             "KillWait=5",
             "MinJobAge=300",
