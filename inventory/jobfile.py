@@ -36,13 +36,15 @@ from inventory.model import (
     JobOverrides,
     NprocSpec,
     Rendezvous,
+    RestartSpec,
     local_inventory,
 )
+from inventory.restart import read_restart
 from inventory.slurm import SlurmSpec, read_slurm
 from inventory.sync import SyncSpec, read_sync
 from inventory.tomlsource import FlagReporter, Reporter, TomlFile, read_toml, toml_files_in
 
-JOB_FILE_KEYS = ("inventory", "job", "rendezvous", "env", "slurm", "sync", "supervise")
+JOB_FILE_KEYS = ("inventory", "job", "rendezvous", "env", "slurm", "sync", "supervise", "restart")
 SUPERVISE_KEYS = ("lost_after",)
 MIN_LOST_AFTER_S = 10  # orchestrator/launch/faults.py MIN_LOST_AFTER: silent_after + one retry
 JOB_KEYS = ("name", "script", "module", "args", "nproc_per_node", "hosts")
@@ -145,7 +147,19 @@ def load_job(path: Path, overrides: JobOverrides | None = None) -> Job:
         slurm=slurm,
         sync=sync,
         lost_after=_lost_after(doc),
+        restart=_restart(doc, len(spec.hosts), slurm),
     )
+
+
+def _restart(doc: TomlFile, nodes: int, slurm: SlurmSpec | None) -> RestartSpec:
+    if "restart" not in doc.data:
+        return RestartSpec()
+    spec = read_restart(doc, doc.data["restart"], nodes)
+    if slurm is not None and spec.max_restarts > 0:
+        raise doc.error("restart.max_restarts", "ddpctl's restarts run over SSH; on Slurm they are not built yet",
+                        "use [slurm] requeue = true (Slurm requeues the job itself), or --backend ssh",
+                        value=spec.max_restarts)
+    return spec
 
 
 def _lost_after(doc: TomlFile) -> float | None:
@@ -315,8 +329,17 @@ def _read_spec(doc: TomlFile, section: dict[str, Any], inventory: Inventory) -> 
         env=expect_env(doc, "env", doc.data["env"]) if "env" in doc.data else {},
         hosts=select_hosts(doc, "job.hosts", hosts, inventory)
         if hosts is not None
-        else inventory.hosts,
+        else _working_hosts(doc, inventory),
     )
+
+
+def _working_hosts(doc: TomlFile, inventory: Inventory) -> tuple[Host, ...]:
+    """Every inventory host but the spares (they wait for a restart to leave a host out)."""
+    hosts = tuple(h for h in inventory.hosts if not h.spare)
+    if not hosts:
+        raise doc.error("inventory", "every host of the inventory is a spare (spare = true)",
+                        "leave spare out on the hosts the job starts on, or list them in [job] hosts")
+    return hosts
 
 
 def apply_overrides(job: Job, overrides: JobOverrides) -> Job:

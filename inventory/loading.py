@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -11,6 +11,7 @@ from inventory.errors import ConfigError
 from inventory.fields import (
     MAX_NPROC_PER_NODE,
     check_keys,
+    expect_bool,
     expect_env,
     expect_gpus,
     expect_int,
@@ -27,7 +28,7 @@ from inventory.tomlsource import TomlFile, directory_error, join_key, read_toml
 
 INVENTORY_KEYS = ("defaults", "hosts")
 DEFAULT_KEYS = ("user", "port", "python", "workdir", "gpus", "env")
-HOST_KEYS = ("name", "address", *DEFAULT_KEYS, "slots")
+HOST_KEYS = ("name", "address", *DEFAULT_KEYS, "slots", "spare")
 
 
 @dataclass(frozen=True)
@@ -132,8 +133,11 @@ def _hosts_of_entry(
         )
     names = _expand(doc, join_key(prefix, "name"), entry["name"])
     addresses = _addresses(doc, prefix, entry, names)
+    # spare = true: not in the job until a restart leaves a host out (orchestrator/launch/restart.py)
+    spare = expect_bool(doc, join_key(prefix, "spare"), entry["spare"]) if "spare" in entry else False
     return [
-        _make_host(name, address, settings) for name, address in zip(names, addresses, strict=True)
+        replace(_make_host(name, address, settings), spare=spare)
+        for name, address in zip(names, addresses, strict=True)
     ]
 
 

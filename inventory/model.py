@@ -36,6 +36,7 @@ class Host:
     gpus: GpuSpec = "auto"
     slots: int | None = None  # from an MPI/DeepSpeed hostfile
     env: Mapping[str, str] = field(default_factory=lambda: _frozen_env(None))
+    spare: bool = False  # used only once a restart leaves a host out ([restart], inventory spare = true)
 
     @property
     def is_local(self) -> bool:
@@ -77,6 +78,20 @@ class Rendezvous:
     pick_interfaces: bool = True
 
 
+@dataclass(frozen=True)
+class RestartSpec:
+    """[restart]: one budget of restarts for the whole job, spent by ddpctl (never torchrun's own,
+    which stays at --max-restarts 0): orchestrator/launch/restart.py. 0 restarts: a failure ends
+    the job, as without the table."""
+
+    max_restarts: int = 0
+    min_nodes: int | None = None  # with no spare left, the job may shrink to this many hosts
+    host_fault_exit_codes: tuple[int, ...] = ()  # a rank exiting so means its host is faulty
+    checkpoint_dir: str | None = None  # DDPCTL_CHECKPOINT_DIR; a newer file in it is progress
+    backoff: float = 5.0  # seconds before the first restart, doubled for each one after it
+    max_backoff: float = 60.0
+
+
 NPROC_FROM_JOB = "job nproc_per_node"
 
 
@@ -106,6 +121,12 @@ class Job:
     # [supervise] lost_after: seconds a silent host may stay out of reach before the job stops
     # (None: the fault model's default, orchestrator/launch/faults.py)
     lost_after: float | None = None
+    restart: RestartSpec = field(default_factory=RestartSpec)
+
+    @property
+    def spares(self) -> tuple[Host, ...]:
+        """The inventory's spare hosts the job does not run on, in inventory order."""
+        return tuple(h for h in self.inventory.hosts if h.spare and h not in self.hosts)
 
     @property
     def backend(self) -> Literal["ssh", "slurm"]:

@@ -7,13 +7,16 @@ In $DDPCTL_RANK_DIR it writes, as `<local rank>.<phase>` files (JSON, written wh
 - `started`: the rank runs (torchrun's own rendezvous between the nodes is over);
 - `init` / `joined`: it called / returned from torch.distributed.init_process_group (the
   process-group rendezvous between the ranks);
-- `error`: the exception that ended it, with its traceback, whether or not the script uses
-  torchelastic's @record; a missing script is recorded as Python reports it ("can't open file").
-  It is written after Python's report of the exception is printed and flushed: from then on the
-  supervisor may end the rank without losing a line of it.
+- `step`: how many optimizer steps it has taken (torch's global optimizer step hook: no change to
+  the script), rewritten at its first step and then at most once every STEP_EVERY seconds;
+- `error`: the exception that ended it, with its traceback and its step count, whether or not
+  the script uses torchelastic's @record; a missing script is recorded as Python reports it
+  ("can't open file"). It is written after Python's report of the exception is printed and
+  flushed: from then on the supervisor may end the rank without losing a line of it.
 
 It never imports torch itself (a script may set CUDA_VISIBLE_DEVICES before it does): an import
-hook wraps init_process_group when the script imports torch.distributed. Standard library only,
+hook wraps init_process_group when the script imports torch.distributed, and registers the step
+hook when it imports torch.optim. Standard library only,
 Python 3.8 and newer; the supervisor writes this file's source next to its run state.
 """
 
@@ -37,6 +40,38 @@ if TYPE_CHECKING:  # typing is for the checker only (node_agent/__init__.py)
 
 RANK_DIR_ENV = "DDPCTL_RANK_DIR"
 C10D = "torch.distributed.distributed_c10d"
+OPTIMIZER = "torch.optim.optimizer"
+STEP_EVERY = 1.0  # seconds between two `step` records of one rank (the first step is written at once)
+
+
+class _Steps(object):
+    """The rank's optimizer steps so far, and when its `step` record was last written."""
+
+    count = 0
+    written = 0.0
+    recorded = 0  # the count in the `step` record
+
+
+def _stepped(*_args: Any) -> None:
+    """torch's global optimizer step post-hook: count, and record now and then (never fails)."""
+    _Steps.count += 1
+    now = time.monotonic()
+    if _Steps.count == 1 or now - _Steps.written >= STEP_EVERY:
+        _Steps.written = now
+        _record_steps()
+
+
+def _record_steps() -> None:
+    if _Steps.count != _Steps.recorded:
+        _Steps.recorded = _Steps.count
+        record("step", step=_Steps.count)
+
+
+def _hook_steps(module: Any) -> None:
+    register = getattr(module, "register_optimizer_step_post_hook", None)
+    if register is not None and not getattr(module, "_ddpctl_steps", False):
+        module._ddpctl_steps = True
+        register(_stepped)
 
 
 def _local_rank() -> str:
@@ -78,10 +113,11 @@ def _wrap_init(module: Any) -> None:
 
 class _InitHook(object):
     """A meta path finder that lets torch.distributed.distributed_c10d load as usual, then wraps
-    its init_process_group before `torch.distributed` re-exports the name."""
+    its init_process_group before `torch.distributed` re-exports the name; and registers the step
+    hook once torch.optim.optimizer has loaded."""
 
     def find_spec(self, name: str, path: Optional[Sequence[str]] = None, target: Any = None) -> Any:
-        if name != C10D:
+        if name not in (C10D, OPTIMIZER):
             return None
         spec = importlib.machinery.PathFinder.find_spec(name, path)
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
@@ -91,7 +127,10 @@ class _InitHook(object):
 
         def exec_module(module: Any) -> None:
             run(module)
-            _wrap_init(module)
+            if name == C10D:
+                _wrap_init(module)
+            else:
+                _hook_steps(module)
 
         loader.exec_module = exec_module  # type: ignore[method-assign]
         return spec
@@ -126,7 +165,7 @@ def _one_line_carets(exc: BaseException) -> None:
 def _failed(exc: BaseException) -> None:
     _one_line_carets(exc)  # after Python's own report: it is only ours that needs it
     lines = traceback.format_exception(type(exc), exc, _user_frames(exc.__traceback__))
-    record("error", type=type(exc).__name__, message=str(exc), traceback="".join(lines))
+    record("error", type=type(exc).__name__, message=str(exc), traceback="".join(lines), step=_Steps.count)
 
 
 def run(argv: List[str], runner: Optional[Callable[[], Any]] = None) -> int:
@@ -139,9 +178,12 @@ def run(argv: List[str], runner: Optional[Callable[[], Any]] = None) -> int:
     # skips the final garbage collection (about 0.4 s of CPU once torch is imported); objects in
     # reference cycles still alive at exit are not finalized, which Python never promised
     atexit.register(gc.freeze)
+    atexit.register(_record_steps)  # the last steps, since the last record (runs before gc.freeze)
     if "torch.distributed" in sys.modules:  # imported already (not by us): wrap it in place
         _wrap_init(sys.modules.get(C10D))
-    else:
+    if OPTIMIZER in sys.modules:
+        _hook_steps(sys.modules[OPTIMIZER])
+    if C10D not in sys.modules or OPTIMIZER not in sys.modules:
         sys.meta_path.insert(0, _InitHook())  # type: ignore[arg-type]
     if argv[0] == "-m":
         module, args = argv[1], argv[2:]
@@ -164,7 +206,8 @@ def run(argv: List[str], runner: Optional[Callable[[], Any]] = None) -> int:
         if exc.code in (None, 0):
             return 0
         if isinstance(exc.code, int):
-            record("error", type="SystemExit", message="exit code %d" % exc.code, traceback="")
+            record("error", type="SystemExit", message="exit code %d" % exc.code, traceback="", step=_Steps.count,
+                   exit_code=exc.code)
             return exc.code
         _failed(exc)
         raise

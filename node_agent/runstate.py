@@ -43,13 +43,14 @@ def read_json(path: Path) -> Optional[Dict[str, Any]]:
 
 
 def iter_states(job: Optional[str] = None) -> Iterator[Dict[str, Any]]:
-    """States written by this host (matched by hostname) for all jobs, or one job id/name."""
+    """States written by this host (matched by hostname) for all jobs, or one job id/name (or
+    run id: every attempt of a restarted job)."""
     me = socket.gethostname()
     for path in sorted((state_root() / "runs").glob("*/node*/state.json")):
         data = read_json(path)
         if not data or data.get("hostname") != me:
             continue
-        if job and job not in (data.get("job_id"), data.get("job_name")):
+        if job and job not in (data.get("job_id"), data.get("job_name"), data.get("run_id")):
             continue
         data["state_dir"] = str(path.parent)
         yield data

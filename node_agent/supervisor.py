@@ -55,6 +55,23 @@ TORCHRUN_MODULE = "torch.distributed.run"
 RANK_POLL_S = 0.05  # how often the ranks' milestone files are looked for (one listdir)
 WATCH_EVERY = 0.5  # how often the watchdog looks at the last heartbeat
 READ_CHUNK = 1 << 16
+CHECKPOINT_ENV = "DDPCTL_CHECKPOINT_DIR"  # [restart] checkpoint_dir, as the ranks get it
+MAX_CHECKPOINT_FILES = 10000  # a checkpoint directory is looked through up to this many entries
+
+
+def newest_mtime(directory: str) -> Optional[float]:
+    """The modification time of the newest file under `directory` (None: none, or unreadable)."""
+    newest: Optional[float] = None
+    seen = 0
+    for root, _dirs, files in os.walk(directory):
+        for name in files:
+            seen += 1
+            if seen > MAX_CHECKPOINT_FILES:
+                return newest
+            with contextlib.suppress(OSError):
+                mtime = os.stat(os.path.join(root, name)).st_mtime
+                newest = mtime if newest is None or mtime > newest else newest
+    return newest
 
 
 class Supervisor:
@@ -78,6 +95,8 @@ class Supervisor:
         self.wrap = bool(request.get("wrap"))
         self.rank_dir = self.dir / "ranks"
         self.rank_records: Dict[str, Dict[str, Any]] = {}  # "<local rank>.<phase>" -> its record
+        self.step_mtimes: Dict[str, int] = {}  # "<local rank>.step" -> its mtime when last read
+        self.newest_before: Optional[float] = None  # the newest checkpoint file's mtime at the start
         self.uplink: Optional[Uplink] = None
         self.attach_path: Optional[str] = None
         self.log_lock = threading.Lock()
@@ -111,7 +130,7 @@ class Supervisor:
         except OSError:
             return
         for name in names:
-            if name.endswith(".tmp") or name in self.rank_records:
+            if name.endswith(".tmp") or (name in self.rank_records and not self._step_changed(name)):
                 continue
             try:
                 record = json.loads((self.rank_dir / name).read_text())
@@ -122,6 +141,30 @@ class Supervisor:
                 self.uplink.event("rank", **record)
             if record.get("phase") == "error":
                 self.rank_failed(record)
+
+    def _step_changed(self, name: str) -> bool:
+        """A rank's `step` record is rewritten as it goes (the others are written once)."""
+        if not name.endswith(".step"):
+            return False
+        try:
+            mtime = os.stat(str(self.rank_dir / name)).st_mtime_ns
+        except OSError:
+            return False
+        if self.step_mtimes.get(name) == mtime:
+            return False
+        self.step_mtimes[name] = mtime
+        return True
+
+    def steps(self) -> Optional[int]:
+        """The most optimizer steps any rank of this node took (None: no rank stepped or said)."""
+        counts = [r.get("step") for r in self.rank_records.values() if isinstance(r.get("step"), int)]
+        return max(counts) if counts else None
+
+    def checkpoint_dir(self) -> Optional[str]:
+        where = (self.request.get("env") or {}).get(CHECKPOINT_ENV)
+        if not where:
+            return None
+        return os.path.join(str(self.request.get("cwd") or "."), os.path.expanduser(str(where)))
 
     def replay(self) -> List[bytes]:
         """What a re-attached control plane gets again: every rank milestone (it keeps each once)."""
@@ -154,6 +197,7 @@ class Supervisor:
         data = {
             "job_id": self.job_id,
             "job_name": self.request.get("job_name"),
+            "run_id": self.request.get("run_id"),  # the same for every attempt of a restarted job
             "node_rank": self.node_rank,
             "hostname": socket.gethostname(),
             "pid": self.proc.pid,
@@ -322,6 +366,8 @@ class Supervisor:
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         listener = listen(str(self.dir)) if control is not None else None
         self.attach_path = listener.getsockname() if listener is not None else None
+        checkpoints = self.checkpoint_dir()
+        self.newest_before = newest_mtime(checkpoints) if checkpoints else None
         self.start()
         assert self.proc is not None
         self.started = self.state()
@@ -361,7 +407,10 @@ class Supervisor:
         errors = self.rank_errors()
         result = {"exit_code": code, "stop_reason": self.stop_reason,
                   "first_error": errors[0] if errors else None, "rank_errors": errors[:32],
-                  "state_dir": str(self.dir), "log": str(self.log_path)}
+                  "state_dir": str(self.dir), "log": str(self.log_path), "steps": self.steps()}
+        if checkpoints:  # a newer file there is progress, whatever the step counts say
+            result["checkpoint"] = {"dir": checkpoints, "before": self.newest_before,
+                                    "after": newest_mtime(checkpoints)}
         if self.request.get("nccl_debug"):
             result["nccl"] = parse_files(sorted(self.dir.glob("nccl.*.log")))
         write_json_atomic(self.dir / "state.json", dict(self.started, status="exited",

@@ -8,14 +8,14 @@ import shlex
 import signal
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 import typer
 from rich.live import Live
 from rich.markup import escape
 from rich.text import Text
 
-from inventory import ConfigError, JobOverrides, NprocSpec, load_job, parse_env_assignment
+from inventory import ConfigError, Job, JobOverrides, NprocSpec, load_job, parse_env_assignment
 from inventory.gpus import show
 from inventory.slurm import node_hosts
 from orchestrator.commands.common import (
@@ -33,7 +33,7 @@ from orchestrator.commands.common import (
 from orchestrator.commands.sync_view import SyncView
 from orchestrator.doctor.model import CheckStatus
 from orchestrator.doctor.render import finding_text, grouped
-from orchestrator.launch import core
+from orchestrator.launch import core, restart
 from orchestrator.launch.backends.choose import backend_for
 from orchestrator.launch.backends.slurm import SlurmBackend
 from orchestrator.launch.faults import DEFAULT_LOST_AFTER, MIN_LOST_AFTER
@@ -332,6 +332,10 @@ def up_command(
         "--lost-after", min=MIN_LOST_AFTER, help="A host out of reach this many seconds is lost and the job "
         "stops; shorter silences are ridden out and the host re-attached (default: \\[supervise] lost_after, "
         f"{DEFAULT_LOST_AFTER:.0f}).", rich_help_panel="Hangs")] = None,
+    max_restarts: Annotated[int | None, typer.Option(
+        "--max-restarts", min=0, help="Restart the job this many times in all after a failure: a faulty host "
+        "is left out (spares take its place), a deterministic bug is not retried (default: \\[restart] "
+        "max_restarts, 0).", rich_help_panel="Restarts")] = None,
     ssh_config: SshConfigOpt = None,
     known_hosts: KnownHostsOpt = None,
     accept_new_host_keys: AcceptNewOpt = False,
@@ -348,6 +352,8 @@ def up_command(
                             dump_on_interrupt=dump_on_interrupt, nccl_debug=nccl_debug, free_port=free_port,
                             runs_dir=runs_dir, checks=not no_checks, join_timeout=join_timeout,
                             sync=not no_sync, lost_after=lost_after)
+    budget = job.restart.max_restarts if max_restarts is None else max_restarts
+    check_restartable(job, budget, detach, max_restarts is not None)
     with make_pool(ssh_config, known_hosts, accept_new_host_keys, parallel, connect_timeout) as pool:
         runner = backend_for(pool, job)
         if not dry_run and not isinstance(runner, SlurmBackend):
@@ -361,16 +367,24 @@ def up_command(
                 print_dry_run(plan)
                 print_dry_run_limits(plan, options.checks)
                 return
-            printer = Printer([h.name for h in (node_hosts(job, job.slurm) if job.slurm else job.hosts)])
+            shown = node_hosts(job, job.slurm) if job.slurm else (*job.hosts, *job.spares)
+            printer = Printer([h.name for h in shown])
             if detach:
                 print_detached(core.detach(job, runner, printer, options))
-            with printer:
-                result = core.launch(job, runner, printer, options)
+            if budget > 0:
+                with printer:
+                    run = restart.launch(job, lambda attempt_job: backend_for(pool, attempt_job), printer, options,
+                                         budget)
+            else:
+                with printer:
+                    result = core.launch(job, runner, printer, options)
         except ChecksFailed as exc:
             print_checks_failed(exc)
             raise typer.Exit(1) from None
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # the job is over: a late signal
             signal.signal(sig, signal.SIG_IGN)  # keeps its exit code and summary
+    if budget > 0:
+        print_restarted(run, nccl_debug)
     print_failure(result)
     if nccl_debug:
         print_nccl(result)
@@ -379,6 +393,42 @@ def up_command(
         verdict = f"stopped on every host by {signal.Signals(result.signal).name} (exit {result.exit_code})"
     err_console.print(f"ddpctl: job {result.job_id} {verdict}; logs: {result.run_dir}", highlight=False)
     raise typer.Exit(result.exit_code)
+
+
+def check_restartable(job: Job, budget: int, detach: bool, from_flag: bool) -> None:
+    """Restarts need `up` attached and the SSH backend (for now): refused before anything starts."""
+    if budget == 0:
+        return
+    key = "--max-restarts" if from_flag else "restart.max_restarts"
+    if job.slurm is not None:
+        raise ConfigError("ddpctl's restarts run over SSH; on Slurm they are not built yet", key=key,
+                          file=None if from_flag else job.source,
+                          hint="use [slurm] requeue = true (Slurm requeues the job itself), or --backend ssh")
+    if detach:
+        raise ConfigError("--detach with restarts: the restarting loop runs in `up`, which --detach leaves",
+                          key="--detach", hint="run `up` attached (in tmux or screen), or set max_restarts = 0")
+
+
+def print_restarted(run: restart.RestartedRun, nccl_debug: bool) -> NoReturn:
+    """The last attempt's failure as a plain `up` tells it, then the run: attempts, hosts left
+    out, and why it stopped restarting."""
+    result = run.result
+    if result is not None and not result.ok:
+        print_failure(result)
+        if nccl_debug:
+            print_nccl(result)
+    for exclusion in run.excluded:
+        err_console.print(f"ddpctl: {exclusion.host} left out from attempt {exclusion.from_attempt} on: "
+                          f"{exclusion.reason}", markup=False, highlight=False)
+    attempts = f"{len(run.attempts)} attempt(s), {run.restarts} restart(s) of at most {run.max_restarts}"
+    if run.exit_code == 0:
+        verdict = f"succeeded after {attempts}"
+    else:
+        if run.reason:
+            err_console.print(Text(f"ddpctl: {run.reason}", style="bold red"))
+        verdict = f"failed (exit {run.exit_code}) after {attempts}"
+    err_console.print(f"ddpctl: run {run.run_id} {verdict}; logs: {run.run_dir}", highlight=False)
+    raise typer.Exit(run.exit_code)
 
 
 def print_detached(out: core.Detached) -> None:

@@ -5,6 +5,7 @@ all come through here; progress goes to an Observer, never to print."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from inventory import Job
 from orchestrator.errors import HostsFailed
@@ -22,7 +23,8 @@ def _quiet(_text: str) -> None:
 
 
 def plan_job(job: Job, backend: Backend, options: LaunchOptions | None = None, *, settle: bool = False,
-             inline: InlineProgram | None = None, observer: Observer | None = None) -> LaunchPlan:
+             inline: InlineProgram | None = None, observer: Observer | None = None,
+             job_id: str | None = None) -> LaunchPlan:
     """The exact per-host commands. settle=False (the dry run) only looks at the hosts, and only
     when the job needs them (nproc "gpu"/"cpu"/"auto", master_port "auto"); settle=True also
     frees a stale master port, as a launch does."""
@@ -31,15 +33,15 @@ def plan_job(job: Job, backend: Backend, options: LaunchOptions | None = None, *
     resolved = backend.resolve(job, options, notice, settle)
     if resolved.hosts is not None:
         job = replace(job, hosts=resolved.hosts)
-    return build_plan(job, new_job_id(job.name), resolved.nprocs, resolved.master_port, inline,
+    return build_plan(job, job_id or new_job_id(job.name), resolved.nprocs, resolved.master_port, inline,
                       master_addr=resolved.master_addr, picked_env=resolved.env)
 
 
 def run_plan(plan: LaunchPlan, backend: Backend, observer: Observer,
-             options: LaunchOptions | None = None) -> RunResult:
+             options: LaunchOptions | None = None, run_dir: Path | None = None) -> RunResult:
     """Start a settled plan and supervise it to the end (fail fast, no orphans)."""
     options = options or LaunchOptions()
-    return Supervision(plan, backend, observer, options.runs_dir / plan.job_id, options).run()
+    return Supervision(plan, backend, observer, run_dir or options.runs_dir / plan.job_id, options).run()
 
 
 def sync_code(job: Job, backend: Backend, observer: Observer, options: LaunchOptions) -> None:
@@ -59,14 +61,28 @@ def sync_code(job: Job, backend: Backend, observer: Observer, options: LaunchOpt
 
 
 def launch(job: Job, backend: Backend, observer: Observer, options: LaunchOptions | None = None, *,
-           inline: InlineProgram | None = None) -> RunResult:
-    """Sync, pre-launch round trip, plan, start, supervise: the whole of `ddpctl up`."""
+           inline: InlineProgram | None = None, attempt: Attempt | None = None) -> RunResult:
+    """Sync, pre-launch round trip, plan, start, supervise: the whole of `ddpctl up` (one attempt
+    of it, where orchestrator/launch/restart.py runs the job again after a failure)."""
     options = options or LaunchOptions()
     if inline is None:
         sync_code(job, backend, observer, options)
-    plan = plan_job(job, backend, options, settle=True, inline=inline, observer=observer)
-    observer.on_plan(plan, options.runs_dir / plan.job_id)
-    return run_plan(plan, backend, observer, options)
+    job_id = attempt.job_id if attempt is not None else None
+    plan = plan_job(job, backend, options, settle=True, inline=inline, observer=observer, job_id=job_id)
+    if attempt is not None:
+        plan = replace(plan, run_id=attempt.run_id)
+    run_dir = attempt.run_dir if attempt is not None else options.runs_dir / plan.job_id
+    observer.on_plan(plan, run_dir)
+    return run_plan(plan, backend, observer, options, run_dir)
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One attempt of a restarted job: its own job id and run directory, the run's shared id."""
+
+    run_id: str
+    job_id: str
+    run_dir: Path
 
 
 @dataclass(frozen=True)

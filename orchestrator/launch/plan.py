@@ -18,6 +18,10 @@ from orchestrator.launch.inline import InlineProgram
 SECRET_PATTERN = re.compile(r"TOKEN|KEY|PASSWORD|PASSWD|SECRET|CREDENTIAL", re.IGNORECASE)
 MASK = "***"
 SLURM_RDZV_ENV = "PET_RDZV_ENDPOINT"  # torchrun's --rdzv-endpoint, from the environment
+ATTEMPT_ENV = "DDPCTL_ATTEMPT"  # 0, 1, ...: which attempt of the run this is
+RUN_ID_ENV = "DDPCTL_RUN_ID"  # the same for every attempt
+PREV_FAILURE_ENV = "DDPCTL_PREV_FAILURE"  # one line: host, rank, reason (attempts after the first)
+CHECKPOINT_DIR_ENV = "DDPCTL_CHECKPOINT_DIR"  # [restart] checkpoint_dir
 
 
 def new_job_id(name: str) -> str:
@@ -83,6 +87,7 @@ class LaunchPlan:
     master_addr: str
     master_port: int
     hosts: tuple[HostLaunch, ...]
+    run_id: str | None = None  # a restarted job's id, the same for every attempt (each has its own job_id)
 
     @property
     def world_size(self) -> int:
@@ -129,6 +134,12 @@ def host_env(job: Job, host: Host, job_id: str, picked: Mapping[str, str] | None
     env = {**(picked or {}), **host.env, **job.env}
     env.update(selection_env(host, env))
     env["DDPCTL_JOB_ID"] = job_id
+    # what a script needs to resume: orchestrator/launch/restart.py sets them per attempt in the
+    # job's env; a job that is not restarted runs attempt 0 of a run of its own
+    env.setdefault(ATTEMPT_ENV, "0")
+    env.setdefault(RUN_ID_ENV, job_id)
+    if job.restart.checkpoint_dir is not None:
+        env.setdefault(CHECKPOINT_DIR_ENV, job.restart.checkpoint_dir)
     return env
 
 

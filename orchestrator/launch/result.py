@@ -109,6 +109,8 @@ class RunResult:
     loss: HostLoss | None = None  # the first host lost, where that (not a rank's own error) is the cause
     signal: int | None = None  # the signal that stopped `up` (SIGINT, SIGTERM, SIGHUP)
     ended_by: str | None = None  # the scheduler ended the job for its own reason (Slurm's words)
+    steps: int | None = None  # the most optimizer steps any rank took (the rank wrapper's count)
+    checkpointed: bool = False  # a newer file appeared in [restart] checkpoint_dir on some host
 
     @property
     def ok(self) -> bool:
@@ -141,6 +143,8 @@ def write_summary(plan: LaunchPlan, result: RunResult) -> Path:
         "root_cause": asdict(result.root_cause) if result.root_cause else None,
         "cause": result.cause,
         "ended_by": result.ended_by,
+        "steps": result.steps,
+        "checkpointed": result.checkpointed,
         "hosts": [dict(asdict(r), state=r.state.value, duration_s=r.duration_s,
                        env=mask_env(plan.hosts[r.node_rank].env), tail=r.tail[-10:])
                   for r in result.hosts],

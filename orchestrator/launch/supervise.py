@@ -86,6 +86,8 @@ class Supervision:
         self.ended_by: str | None = None  # the scheduler's own reason for ending the job (Slurm's words)
         self.global_ranks: dict[tuple[str, int], int] = {}  # (host, local rank) -> rank, as the ranks said
         self.addresses = {hl.host.name: hl.host.address for hl in plan.hosts}
+        self.steps: dict[tuple[str, int | None], int] = {}  # (host, local rank) -> optimizer steps
+        self.checkpointed = False  # a host saw a newer file in [restart] checkpoint_dir
 
     # -- from the backend's threads ---------------------------------------------------------
     def emit(self, event: BackendEvent) -> None:
@@ -169,6 +171,9 @@ class Supervision:
     def _milestone(self, run: HostRun, event: Milestone) -> None:
         if event.phase.local_rank is not None and event.phase.rank is not None:
             self.global_ranks[(event.host, event.phase.local_rank)] = event.phase.rank
+        if event.phase.step is not None:
+            key = (event.host, event.phase.local_rank)
+            self.steps[key] = max(self.steps.get(key, 0), event.phase.step)
         if self.rendezvous is not None:
             self.rendezvous.saw(event.host, event.phase)
         if event.phase.error is not None:
@@ -184,6 +189,9 @@ class Supervision:
         result = event.result
         run.stop_reason, run.first_error, run.nccl = result.stop_reason, result.first_error, result.nccl
         run.error = result.error or run.error
+        if result.steps is not None:
+            self.steps[(run.host, None)] = max(self.steps.get((run.host, None), 0), result.steps)
+        self.checkpointed = self.checkpointed or result.checkpointed
         for error in result.rank_errors:
             self._rank_failed(run, error)
         reason = result.stop_reason or ""
@@ -405,6 +413,7 @@ class Supervision:
             self.runs[root.host] if root is not None else self.first_failure
         result = RunResult(self.plan.job_id, self.run_dir, runs, code, first, interrupted,
                            {hl.host.name: hl.nproc for hl in self.plan.hosts}, self.hung,
-                           root, self.cause, loss, signum, self.ended_by)
+                           root, self.cause, loss, signum, self.ended_by,
+                           max(self.steps.values()) if self.steps else None, self.checkpointed)
         write_summary(self.plan, result)
         return result

@@ -198,6 +198,8 @@ class RankError:
     file: str | None
     rank: int | None = None  # the global rank (RANK), when the wrapper recorded it
     kind: str = ""  # the exception's type name ("" from an error file: it is in the message)
+    step: int | None = None  # the optimizer steps the rank had taken when it failed (the wrapper's)
+    exit_code: int | None = None  # the code it exited with (sys.exit), where that ended it
 
     @property
     def summary(self) -> str:
@@ -210,7 +212,8 @@ def parse_rank_error(e: Mapping[str, Any]) -> RankError:
     rank = _int_or_none(e.get("rank"))
     return RankError(e.get("local_rank"), str(e.get("message") or ""), str(e.get("traceback") or ""),
                      e.get("timestamp", e.get("time")), e.get("file"),
-                     rank if rank is not None and rank >= 0 else None, str(e.get("type") or ""))
+                     rank if rank is not None and rank >= 0 else None, str(e.get("type") or ""),
+                     _int_or_none(e.get("step")), _int_or_none(e.get("exit_code")))
 
 
 @dataclass(frozen=True)
@@ -222,13 +225,15 @@ class RankPhase:
     phase: str
     time: float | None
     error: RankError | None  # with phase "error"
+    step: int | None = None  # with phase "step" (and "error"): its optimizer steps so far
 
 
 def parse_rank_phase(fields: Mapping[str, Any]) -> RankPhase:
     rank = _int_or_none(fields.get("rank"))
     phase = str(fields.get("phase") or "")
     return RankPhase(_int_or_none(fields.get("local_rank")), rank if rank is not None and rank >= 0 else None,
-                     phase, fields.get("time"), parse_rank_error(fields) if phase == "error" else None)
+                     phase, fields.get("time"), parse_rank_error(fields) if phase == "error" else None,
+                     _int_or_none(fields.get("step")))
 
 
 @dataclass(frozen=True)
@@ -253,6 +258,8 @@ class SuperviseResult:
     error: str | None  # the agent itself failed
     log: str | None
     rank_errors: tuple[RankError, ...] = ()  # every rank error on the host, earliest first
+    steps: int | None = None  # the most optimizer steps a rank of the host took (None: unknown)
+    checkpointed: bool = False  # a file in [restart] checkpoint_dir is newer than at the start
 
 
 def _strs(value: Any) -> tuple[str, ...]:
@@ -269,8 +276,11 @@ def parse_supervise(r: Mapping[str, Any]) -> SuperviseResult:
         _strs(n.get("bootstrap")), _strs(n.get("transports")))
     err = r.get("error")
     error = str(err.get("message")) if isinstance(err, Mapping) else (str(err) if err else None)
+    c = r.get("checkpoint")
+    checkpointed = isinstance(c, Mapping) and isinstance(c.get("after"), (int, float)) and \
+        (not isinstance(c.get("before"), (int, float)) or c["after"] > c["before"])
     return SuperviseResult(_int_or_none(r.get("exit_code")), r.get("stop_reason"), first, nccl, error,
-                           r.get("log"), errors)
+                           r.get("log"), errors, _int_or_none(r.get("steps")), checkpointed)
 
 
 @dataclass(frozen=True)

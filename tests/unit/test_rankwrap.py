@@ -128,3 +128,43 @@ def test_init_process_group_entry_and_return_are_recorded_without_importing_torc
     assert "initialized 1" in out.stdout
     assert {"1.started", "1.init", "1.joined"} <= set(records)
     assert records["1.init"]["time"] <= records["1.joined"]["time"]
+
+
+STEPPING = textwrap.dedent("""\
+    import sys
+    import torch
+    model = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(int(sys.argv[1])):
+        opt.zero_grad()
+        model(torch.ones(1, 2)).sum().backward()
+        opt.step()
+    if sys.argv[2] == "raise":
+        raise RuntimeError("after the steps")
+    if sys.argv[2] == "exit":
+        sys.exit(75)
+    """)
+
+
+@pytest.mark.parametrize(("end", "code"), [("ok", 0), ("raise", 1), ("exit", 75)])
+def test_optimizer_steps_are_counted_with_no_change_to_the_script(tmp_path: Path, end: str, code: int) -> None:
+    pytest.importorskip("torch")
+    script = tmp_path / "steps.py"
+    script.write_text(STEPPING)
+    out, records = run(tmp_path, str(script), "7", end)
+    assert out.returncode == code, out.stderr
+    assert records["1.step"]["step"] == 7  # the last steps are written at exit, whatever the interval
+    if end == "ok":
+        assert "1.error" not in records
+    else:
+        assert records["1.error"]["step"] == 7
+        assert records["1.error"].get("exit_code") == (75 if end == "exit" else None)
+
+
+def test_a_script_without_an_optimizer_writes_no_step_record(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    script = tmp_path / "plain.py"
+    script.write_text("import torch.optim\nprint('no steps')\n")
+    out, records = run(tmp_path, str(script))
+    assert out.returncode == 0 and out.stdout.strip() == "no steps"
+    assert set(records) == {"1.started"}

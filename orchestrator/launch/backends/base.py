@@ -51,7 +51,7 @@ class DetachReport:
 def supervise_request(plan: LaunchPlan, launch: HostLaunch, options: LaunchOptions,
                       detach: bool) -> dict[str, Any]:
     """What a node's supervisor (node_agent/supervisor.py) is asked to run."""
-    return {"job_id": plan.job_id, "job_name": plan.job.name, "node_rank": launch.node_rank,
+    return {"job_id": plan.job_id, "job_name": plan.job.name, "run_id": plan.run_id, "node_rank": launch.node_rank,
             "launcher": list(launch.launcher), "program": list(launch.program),
             "env": dict(launch.env), "cwd": launch.cwd, "grace": options.grace,
             "heartbeat_timeout": 0 if detach else limits_for(plan.job.lost_after, options.lost_after).node_after,

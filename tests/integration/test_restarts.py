@@ -1,0 +1,236 @@
+"""Restarts on the real cluster (orchestrator/launch/restart.py): a host killed, a host that exits
+with a listed host-fault code, a spare that fails the pre-launch checks, a job that shrinks, a
+deterministic bug, a budget spent and Ctrl-C in a backoff. The job saves a checkpoint every few
+steps into DDPCTL_CHECKPOINT_DIR and resumes from it. Every test ends with no job process left."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.cluster import Cluster
+from tests.cluster_sys import kill_netns
+from tests.ddpctl_run import ddpctl_argv, ssh_args, wait_for
+
+pytestmark = pytest.mark.cluster
+
+# total steps, seconds per step, checkpoint every N steps, then the fault: at step F, on host H,
+# how ("raise", "raise-per-attempt" or an exit code), on which attempts ("0", "0,1" or "all").
+TRAIN = textwrap.dedent("""\
+    import os, socket, sys, time
+    import torch
+    import torch.distributed as dist
+
+    total, delay, every, fail_at = int(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    fail_host, how, attempts = sys.argv[5], sys.argv[6], sys.argv[7]
+    attempt = int(os.environ["DDPCTL_ATTEMPT"])
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    path = os.path.join(os.environ["DDPCTL_CHECKPOINT_DIR"], "ckpt.pt")
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    start = 0
+    if os.path.exists(path):
+        state = torch.load(path)
+        model.module.load_state_dict(state["model"])
+        start = state["step"]
+    print(f"attempt {attempt} rank {rank} on {socket.gethostname()} resumes at step {start}; "
+          f"previous failure: {os.environ.get('DDPCTL_PREV_FAILURE', '-')}", flush=True)
+    for step in range(start, total):
+        if step == fail_at and socket.gethostname() == fail_host and \\
+                (attempts == "all" or str(attempt) in attempts.split(",")):
+            if how == "raise":
+                raise ValueError(f"bad batch at step {step}")
+            if how == "raise-per-attempt":
+                raise ValueError(f"flaky read in attempt {attempt}")
+            sys.exit(int(how))
+        opt.zero_grad()
+        model(torch.ones(2, 4)).sum().backward()
+        opt.step()
+        print(f"rank {rank} step {step}", flush=True)
+        if rank == 0 and (step + 1) % every == 0:
+            torch.save({"model": model.module.state_dict(), "step": step + 1}, path + ".tmp")
+            os.replace(path + ".tmp", path)
+        time.sleep(delay)
+    dist.destroy_process_group()
+    """)
+NEVER = "-"
+
+
+def inventory(cluster: Cluster, path: Path, spares: Sequence[int] = ()) -> Path:
+    lines = ["[defaults]", 'user = "root"', f"python = {json.dumps(sys.executable)}"]
+    for i, host in enumerate(cluster.hosts):
+        lines += ["", "[[hosts]]", f"name = {json.dumps(host.name)}", f"address = {json.dumps(host.address)}"]
+        if i in spares:
+            lines.append("spare = true")
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def job_file(tmp_path: Path, cluster: Cluster, name: str, args: Sequence[object], *, spares: Sequence[int] = (),
+             restart: str = "max_restarts = 2", supervise: str = "") -> Path:
+    script = tmp_path / "train.py"
+    script.write_text(TRAIN)
+    (tmp_path / "ckpt").mkdir(exist_ok=True)
+    hosts = inventory(cluster, tmp_path / "hosts.toml", spares)
+    text = textwrap.dedent(f"""\
+        inventory = {json.dumps(str(hosts))}
+        [job]
+        name = {json.dumps(name)}
+        script = {json.dumps(str(script))}
+        args = {json.dumps([str(a) for a in args])}
+        nproc_per_node = 1
+        [rendezvous]
+        master_port = "auto"
+        [env]
+        GLOO_SOCKET_IFNAME = "eth0"
+        [restart]
+        checkpoint_dir = {json.dumps(str(tmp_path / "ckpt"))}
+        """) + restart + ("" if "backoff" in restart else "\nbackoff = 0") + "\n" + supervise
+    path = tmp_path / f"{name}.toml"
+    path.write_text(text)
+    return path
+
+
+def start(job: Path, tmp_path: Path, cluster: Cluster, *extra: str) -> tuple[subprocess.Popen[str], Path, Path]:
+    runs, out = tmp_path / "runs", tmp_path / "up.out"
+    proc = subprocess.Popen(ddpctl_argv("up", str(job), "--runs-dir", str(runs), "--grace", "3", *extra,
+                                        *ssh_args(cluster)), stdout=out.open("w"), stderr=subprocess.STDOUT, text=True)
+    return proc, runs, out
+
+
+def finish(proc: subprocess.Popen[str], timeout: float = 150) -> int:
+    try:
+        return proc.wait(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def up_to_its_end(job: Path, tmp_path: Path, cluster: Cluster, code: int) -> tuple[str, dict[str, Any]]:
+    """`ddpctl up` of `job` to its end, which must be `code`: its output and the run's summary."""
+    proc, runs, out = start(job, tmp_path, cluster)
+    got = finish(proc)
+    text = out.read_text()
+    assert got == code, text[-4000:]
+    return text, run_summary(runs)
+
+
+def run_summary(runs: Path) -> dict[str, Any]:
+    (run,) = list(runs.iterdir())
+    data: dict[str, Any] = json.loads((run / "summary.json").read_text())
+    return data
+
+
+def no_attempt_left(cluster: Cluster, summary: dict[str, Any], hosts: Sequence[int]) -> bool:
+    return all(not cluster.job_pids(i, a["job_id"]) for a in summary["attempts"] for i in hosts)
+
+
+def test_killed_master_host_resumes_on_a_spare_from_the_checkpoint(make_cluster: Callable[[int], Cluster],
+                                                                   tmp_path: Path) -> None:
+    cluster = make_cluster(3)
+    job = job_file(tmp_path, cluster, "kill-master", [40, 0.15, 5, -1, NEVER, "raise", "0"], spares=[2])
+    proc, runs, out = start(job, tmp_path, cluster)
+    wait_for(lambda: "rank 1 step 12" in out.read_text(), 120, "step 12")
+    kill_netns([cluster.hosts[0].netns])  # the master: the rendezvous must move
+    code = finish(proc)
+    text = out.read_text()
+    assert code == 0, text[-4000:]
+    assert "leaving node0 out of attempt 1 on: node0 lost" in text
+    assert "spare node2 takes a place in the next attempt" in text
+    resumed = re.search(r"attempt 1 rank 0 on node1 resumes at step (\d+); previous failure: attempt 0 at "
+                        r"\d\d:\d\d:\d\d: node0 lost", text)
+    assert resumed and int(resumed.group(1)) >= 10, text[-4000:]
+    assert "run " in text and "succeeded after 2 attempt(s), 1 restart(s) of at most 2" in text
+    summary = run_summary(runs)
+    first, second = summary["attempts"]
+    assert first["hosts"] == ["node0", "node1"] and first["failure"]["class"] == "host fault"
+    assert second["hosts"] == ["node1", "node2"] and second["master"] == "node1" and second["exit_code"] == 0
+    assert summary["excluded"][0]["host"] == "node0" and summary["exit_code"] == 0
+    run_dir = next(runs.iterdir())
+    assert (run_dir / "attempt-0" / "node1.log").read_text().count("step") >= 10
+    assert "resumes at step" in (run_dir / "attempt-1" / "node2.log").read_text()
+    assert json.loads((run_dir / "attempt-1" / "summary.json").read_text())["exit_code"] == 0
+    wait_for(lambda: no_attempt_left(cluster, summary, [1, 2]), 30, "no job process left")
+
+
+def test_host_fault_exit_code_and_a_spare_failing_the_checks_take_the_next_spare(
+        make_cluster: Callable[[int], Cluster], tmp_path: Path) -> None:
+    cluster = make_cluster(4)
+    # node2, the first spare, drops every TCP connection but SSH: the pre-launch probe fails there
+    cluster.iptables(2, "-I", "INPUT", "-p", "tcp", "!", "--dport", str(cluster.port), "-j", "DROP")
+    job = job_file(tmp_path, cluster, "exit-code", [12, 0.05, 4, 6, "node1", "75", "0"], spares=[2, 3],
+                   restart="max_restarts = 1\nhost_fault_exit_codes = [75]")
+    text, summary = up_to_its_end(job, tmp_path, cluster, 0)
+    assert re.search(r"leaving node1 out of attempt 1 on: a rank exited with code 75, listed in "
+                     r"\[restart\] host_fault_exit_codes", text), text[-4000:]
+    assert re.search(r"leaving node2 out of attempt 1 on: failed the pre-launch check \[firewall\]", text), \
+        text[-4000:]
+    assert [a["hosts"] for a in summary["attempts"]] == [["node0", "node1"], ["node0", "node3"]]
+    assert [e["host"] for e in summary["excluded"]] == ["node1", "node2"]
+    assert summary["restarts"] == 1  # a spare failing its checks spends no restart
+    wait_for(lambda: no_attempt_left(cluster, summary, [0, 1, 3]), 30, "no job process left")
+
+
+def test_no_spare_shrinks_to_min_nodes_and_says_so(make_cluster: Callable[[int], Cluster], tmp_path: Path) -> None:
+    cluster = make_cluster(3)
+    job = job_file(tmp_path, cluster, "shrink", [10, 0.05, 4, 5, "node2", "75", "0"],
+                   restart="max_restarts = 1\nmin_nodes = 2\nhost_fault_exit_codes = [75]")
+    text, summary = up_to_its_end(job, tmp_path, cluster, 0)
+    assert "no spare left: the job shrinks to 2 host(s) of 3 ([restart] min_nodes = 2)" in text
+    assert [a["hosts"] for a in summary["attempts"]] == [["node0", "node1", "node2"], ["node0", "node1"]]
+    wait_for(lambda: no_attempt_left(cluster, summary, [0, 1, 2]), 30, "no job process left")
+
+
+def test_a_deterministic_bug_is_retried_at_most_once(cluster2: Cluster, tmp_path: Path) -> None:
+    # at step 0 on the first attempt: never retried
+    job = job_file(tmp_path, cluster2, "bug-at-0", [10, 0.05, 3, 0, "node1", "raise", "all"])
+    proc, runs, out = start(job, tmp_path, cluster2)
+    assert finish(proc) == 70, out.read_text()[-4000:]
+    assert "not restarting: the first attempt failed before any progress" in out.read_text()
+    assert len(run_summary(runs)["attempts"]) == 1
+    # at step 5, after a checkpoint at step 3: one restart resumes at 3 and fails the same way
+    tmp = tmp_path / "later"
+    tmp.mkdir()
+    job = job_file(tmp, cluster2, "bug-at-5", [10, 0.05, 3, 5, "node1", "raise", "all"], restart="max_restarts = 5")
+    text, summary = up_to_its_end(job, tmp, cluster2, 70)
+    assert re.search(r"not restarting: attempt 1 failed exactly as attempt 0 after 2 optimizer step\(s\) of its "
+                     r"own, with no new checkpoint: rank 1 on node1: ValueError: bad batch at step 5", text), \
+        text[-4000:]
+    assert [a["failure"]["class"] for a in summary["attempts"]] == ["error", "deterministic"]
+    assert summary["exit_code"] == 70 and summary["restarts"] == 1
+    wait_for(lambda: no_attempt_left(cluster2, summary, [0, 1]), 30, "no job process left")
+
+
+def test_budget_spent_stops_non_zero_and_says_so(cluster2: Cluster, tmp_path: Path) -> None:
+    job = job_file(tmp_path, cluster2, "budget", [10, 0.05, 100, 3, "node0", "raise-per-attempt", "all"],
+                   restart="max_restarts = 1")
+    text, summary = up_to_its_end(job, tmp_path, cluster2, 1)
+    assert "restart budget spent: 1 of 1 restart(s) used; attempt 1 failed: rank 0 on node0: ValueError: flaky " \
+           "read in attempt 1" in text
+    assert len(summary["attempts"]) == 2 and summary["exit_code"] == 1
+    wait_for(lambda: no_attempt_left(cluster2, summary, [0, 1]), 30, "no job process left")
+
+
+def test_ctrl_c_in_a_backoff_stops_cleanly(cluster2: Cluster, tmp_path: Path) -> None:
+    job = job_file(tmp_path, cluster2, "backoff", [10, 0.05, 100, 3, "node1", "raise", "0"],
+                   restart="max_restarts = 3\nbackoff = 60")
+    proc, runs, out = start(job, tmp_path, cluster2)
+    wait_for(lambda: "restarting in 60s" in out.read_text(), 120, "the backoff")
+    proc.send_signal(signal.SIGINT)
+    code = finish(proc, 30)
+    text = out.read_text()
+    assert code == 130, text[-4000:]
+    assert "stopped during the backoff, before attempt 1: nothing was running" in text
+    summary = run_summary(runs)
+    assert len(summary["attempts"]) == 1 and summary["stopped_because"].startswith("stopped during the backoff")
+    wait_for(lambda: no_attempt_left(cluster2, summary, [0, 1]), 30, "no job process left")
