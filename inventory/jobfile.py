@@ -147,7 +147,7 @@ def load_job(path: Path, overrides: JobOverrides | None = None) -> Job:
         slurm=slurm,
         sync=sync,
         lost_after=_lost_after(doc),
-        restart=_restart(doc, len(spec.hosts), slurm),
+        restart=_restart(doc, slurm.nodes if slurm is not None else len(spec.hosts), slurm),
     )
 
 
@@ -155,10 +155,10 @@ def _restart(doc: TomlFile, nodes: int, slurm: SlurmSpec | None) -> RestartSpec:
     if "restart" not in doc.data:
         return RestartSpec()
     spec = read_restart(doc, doc.data["restart"], nodes)
-    if slurm is not None and spec.max_restarts > 0:
-        raise doc.error("restart.max_restarts", "ddpctl's restarts run over SSH; on Slurm they are not built yet",
-                        "use [slurm] requeue = true (Slurm requeues the job itself), or --backend ssh",
-                        value=spec.max_restarts)
+    if slurm is not None and spec.min_nodes is not None:
+        raise doc.error("restart.min_nodes", "min_nodes does not apply on Slurm: a restart asks Slurm for "
+                        f"{nodes} other node(s) (the faulty ones excluded), and waits in the queue for them",
+                        "remove min_nodes (or lower [slurm] nodes)", value=spec.min_nodes)
     return spec
 
 

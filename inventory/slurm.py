@@ -74,6 +74,7 @@ class SlurmSpec:
     signal: str = DEFAULT_SIGNAL  # NAME@seconds before the time limit, sent to the batch shell
     login: str | None = None  # run the Slurm commands there over SSH (else: here)
     workdir: str | None = None  # the job's directory on the cluster (default: the job file's)
+    exclude: tuple[str, ...] = ()  # nodes a restart leaves out (sbatch --exclude): never from the job file
 
     @property
     def signal_name(self) -> str:

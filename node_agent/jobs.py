@@ -232,12 +232,36 @@ def _send_pass(log: Path, offset: int, index: LogIndex, labels: RankLabels, last
             return offset
 
 
+def _earlier_attempts(job: str, latest: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """Asked for a run by its id: the attempts on this host before the latest, oldest first."""
+    if latest.get("run_id") != job:
+        return []
+    states = [s for s in iter_states(job) if s.get("job_id") != latest.get("job_id")]
+    return sorted(states, key=lambda s: float(s.get("started_at", 0)))
+
+
+def _attempt_mark(state: Dict[str, Any]) -> None:
+    """One line before an attempt's output, timed at its start (a run's logs show every attempt)."""
+    emit_event("log", times=[[1, float(state.get("started_at", 0))]], labels=[[1, None]],
+               text="---- ddpctl: attempt %s (job %s) ----" % (str(state.get("job_id", "")).rsplit(".", 1)[-1],
+                                                               state.get("job_id")))
+
+
 def logs(request: Dict[str, Any], control: BinaryIO) -> Dict[str, Any]:
     """Send a job's saved output on this host, each line with its time and rank label ("log"
-    events); with follow, keep sending until the job ends."""
+    events); with follow, keep sending until the job ends. A restarted run's id gives every
+    attempt this host ran, each after a marked line."""
     state = _latest_state(request["job"])
     if state is None:
         return {"found": False, "exit_code": 1}
+    earlier = _earlier_attempts(str(request["job"]), state)
+    for attempt in earlier:
+        _attempt_mark(attempt)
+        log = Path(attempt["log"])
+        _send_pass(log, 0, LogIndex(log.with_name("output.idx")),
+                   RankLabels(Path(attempt.get("state_dir") or log.parent) / "ranks"), True)
+    if state.get("run_id") == request["job"]:
+        _attempt_mark(state)
     path = Path(state["log"])
     index = LogIndex(path.with_name("output.idx"))
     labels = RankLabels(Path(state.get("state_dir") or path.parent) / "ranks")

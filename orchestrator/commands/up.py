@@ -15,7 +15,7 @@ from rich.live import Live
 from rich.markup import escape
 from rich.text import Text
 
-from inventory import ConfigError, Job, JobOverrides, NprocSpec, load_job, parse_env_assignment
+from inventory import ConfigError, JobOverrides, NprocSpec, load_job, parse_env_assignment
 from inventory.gpus import show
 from inventory.slurm import node_hosts
 from orchestrator.commands.common import (
@@ -166,6 +166,7 @@ class Printer:
             notice(line)
 
     def on_plan(self, plan: LaunchPlan, run_dir: Path) -> None:
+        self.states = {}  # a restart's attempt: only its own hosts in the status line
         notice(plan_summary(plan, run_dir))
 
 
@@ -353,7 +354,7 @@ def up_command(
                             runs_dir=runs_dir, checks=not no_checks, join_timeout=join_timeout,
                             sync=not no_sync, lost_after=lost_after)
     budget = job.restart.max_restarts if max_restarts is None else max_restarts
-    check_restartable(job, budget, detach, max_restarts is not None)
+    check_restartable(budget, detach)
     with make_pool(ssh_config, known_hosts, accept_new_host_keys, parallel, connect_timeout) as pool:
         runner = backend_for(pool, job)
         if not dry_run and not isinstance(runner, SlurmBackend):
@@ -395,15 +396,10 @@ def up_command(
     raise typer.Exit(result.exit_code)
 
 
-def check_restartable(job: Job, budget: int, detach: bool, from_flag: bool) -> None:
-    """Restarts need `up` attached and the SSH backend (for now): refused before anything starts."""
+def check_restartable(budget: int, detach: bool) -> None:
+    """Restarts need `up` attached (for now): refused before anything starts."""
     if budget == 0:
         return
-    key = "--max-restarts" if from_flag else "restart.max_restarts"
-    if job.slurm is not None:
-        raise ConfigError("ddpctl's restarts run over SSH; on Slurm they are not built yet", key=key,
-                          file=None if from_flag else job.source,
-                          hint="use [slurm] requeue = true (Slurm requeues the job itself), or --backend ssh")
     if detach:
         raise ConfigError("--detach with restarts: the restarting loop runs in `up`, which --detach leaves",
                           key="--detach", hint="run `up` attached (in tmux or screen), or set max_restarts = 0")

@@ -53,20 +53,23 @@ class SlurmTarget:
 
 
 def find(client: SlurmClient, target: str) -> SlurmTarget | None:
-    """The job the user means: a Slurm id, a ddpctl job id, or a job name (its newest run)."""
+    """The job the user means: a Slurm id, a ddpctl job id, a job name (its newest run), or a
+    restarted run's id (its newest attempt, `<run id>.<n>`)."""
     if target.isdigit():
         job = client.job(target)
         if job is None or job.comment != JOB_COMMENT:
             return None
         return SlurmTarget(job.name, job.job_id, job.state)
-    queued = [j for j in client.jobs(JOB_COMMENT) if j.name == target or j.name.startswith(f"{target}-")]
+    named = (f"{target}-", f"{target}.")  # a job name's runs; a run id's attempts
+    queued = [j for j in client.jobs(JOB_COMMENT) if j.name == target or j.name.startswith(named)]
     if queued:
         job = max(queued, key=lambda j: int(j.job_id))
         return SlurmTarget(job.name, job.job_id, job.state)
     runs = f"{client.home().rstrip('/')}/.ddpctl/runs"
     listing = client.run(["ls", "-1t", "--", runs], check=False).stdout.split()
     for name in listing:  # newest first: a finished job's files are still there
-        if (name == target or (name.startswith(f"{target}-") and re.fullmatch(r".*-\d{8}-\d{6}-[0-9a-f]{4}", name))) \
+        ours = re.fullmatch(r".*-\d{8}-\d{6}-[0-9a-f]{4}(\.\d+)?", name) is not None  # a job id (an attempt's)
+        if (name == target or (name.startswith(named) and ours)) \
                 and client.read(f"{runs}/{name}/job.sbatch") is not None:
             return SlurmTarget(name, None, None)
     return None

@@ -38,10 +38,10 @@ def plan_job(job: Job, backend: Backend, options: LaunchOptions | None = None, *
 
 
 def run_plan(plan: LaunchPlan, backend: Backend, observer: Observer,
-             options: LaunchOptions | None = None, run_dir: Path | None = None) -> RunResult:
+             options: LaunchOptions | None = None) -> RunResult:
     """Start a settled plan and supervise it to the end (fail fast, no orphans)."""
     options = options or LaunchOptions()
-    return Supervision(plan, backend, observer, run_dir or options.runs_dir / plan.job_id, options).run()
+    return Supervision(plan, backend, observer, options.run_dir_of(plan.job_id), options).run()
 
 
 def sync_code(job: Job, backend: Backend, observer: Observer, options: LaunchOptions) -> None:
@@ -65,15 +65,16 @@ def launch(job: Job, backend: Backend, observer: Observer, options: LaunchOption
     """Sync, pre-launch round trip, plan, start, supervise: the whole of `ddpctl up` (one attempt
     of it, where orchestrator/launch/restart.py runs the job again after a failure)."""
     options = options or LaunchOptions()
+    if attempt is not None:
+        options = replace(options, run_dir=attempt.run_dir)
     if inline is None:
         sync_code(job, backend, observer, options)
     job_id = attempt.job_id if attempt is not None else None
     plan = plan_job(job, backend, options, settle=True, inline=inline, observer=observer, job_id=job_id)
     if attempt is not None:
         plan = replace(plan, run_id=attempt.run_id)
-    run_dir = attempt.run_dir if attempt is not None else options.runs_dir / plan.job_id
-    observer.on_plan(plan, run_dir)
-    return run_plan(plan, backend, observer, options, run_dir)
+    observer.on_plan(plan, options.run_dir_of(plan.job_id))
+    return run_plan(plan, backend, observer, options)
 
 
 @dataclass(frozen=True)
@@ -96,5 +97,5 @@ def detach(job: Job, backend: Backend, observer: Observer, options: LaunchOption
     options = options or LaunchOptions()
     sync_code(job, backend, observer, options)
     plan = plan_job(job, backend, options, settle=True, observer=observer)
-    observer.on_plan(plan, options.runs_dir / plan.job_id)
+    observer.on_plan(plan, options.run_dir_of(plan.job_id))
     return Detached(plan, backend.detach(plan, options))

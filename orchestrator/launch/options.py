@@ -19,9 +19,14 @@ class LaunchOptions:
     dump_stacks_on_hang: bool = True
     free_port: bool = False  # kill a non-ddpctl holder of the master port (--free-port)
     runs_dir: Path = Path("runs")  # run logs and summary.json go to runs_dir/<job id>/
+    run_dir: Path | None = None  # this launch's own directory instead (a restart's attempt-<n>/)
     checks: bool = True  # the pre-launch checks (--no-checks turns them off)
     sync: bool = True  # copy the source to the hosts first, where the job has [sync] (--no-sync)
     lost_after: float | None = None  # a silent host is lost after this long (None: the job file's
     # [supervise] lost_after, else the fault model's default: orchestrator/launch/faults.py)
     join_timeout: float | None = None  # ranks not all joined after this long: diagnose and stop
     # (None: the job file's [rendezvous] join_timeout; 0: no watchdog)
+
+    def run_dir_of(self, job_id: str) -> Path:
+        """Where a launch with this job id keeps its logs, summary.json and backend records."""
+        return self.run_dir if self.run_dir is not None else self.runs_dir / job_id

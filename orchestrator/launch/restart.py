@@ -74,6 +74,11 @@ class Verdict:
     signature: tuple[str, ...] | None = None  # a rank's error: type, message, where it was raised
     step: int | None = None  # the failed rank's optimizer steps, where known
 
+    @property
+    def faults(self) -> dict[str, str]:
+        """Each faulty host and its own reason."""
+        return dict(zip(self.hosts, self.why or (self.reason,) * len(self.hosts), strict=True))
+
 
 @dataclass(frozen=True)
 class Exclusion:
@@ -145,11 +150,11 @@ def classify(result: RunResult, job: Job, number: int, previous: Sequence[Attemp
     if result.signal is not None or result.interrupted:
         return Verdict(Failure.STOPPED, "stopped by the user" if result.signal in (None, signal.SIGINT) else
                        f"stopped by {signal.Signals(result.signal).name}")
-    if result.ended_by is not None:
-        return Verdict(Failure.STOPPED, result.ended_by)
-    if result.loss is not None:
+    if result.loss is not None:  # on Slurm too: a node it marked failed
         return Verdict(Failure.HOST_FAULT, f"{result.loss.host} lost at {result.loss.when()}: {result.loss.reason}",
                        (result.loss.host,))
+    if result.ended_by is not None:  # a cancel, a time limit: the scheduler's decision, not a fault
+        return Verdict(Failure.STOPPED, result.ended_by)
     faulty = _faulty_hosts(result, job)
     if faulty:
         host, why = faulty[0]
@@ -265,6 +270,7 @@ class Restarts:
         self.hosts = list(job.hosts)
         self.spares = list(job.spares)
         self.size = len(job.hosts)
+        self.nodes_out: list[str] = []  # Slurm nodes left out (sbatch --exclude)
 
     def exclude(self, bad: dict[str, str], number: int) -> None:
         """Leave `bad` (host -> why) out; spares take their places in inventory order, else the
@@ -288,8 +294,22 @@ class Restarts:
             self.cb.on_notice(f"no spare left: the job shrinks to {len(self.hosts)} host(s) of {self.size} "
                               f"([restart] min_nodes = {floor})")
 
+    def exclude_nodes(self, bad: dict[str, str], result: RunResult, number: int) -> None:
+        """On Slurm: the faulty nodes (by Slurm's names, as each node's supervisor reported its
+        hostname) are excluded from every later allocation; Slurm picks the others."""
+        names = {run.host: run.hostname or run.host for run in result.hosts}
+        for host, why in bad.items():
+            node = names.get(host, host)
+            self.run.excluded.append(Exclusion(node, why.removeprefix(f"{host}: "), number))
+            self.cb.on_notice(f"excluding Slurm node {node} ({host}) from attempt {number} on: "
+                              f"{why.removeprefix(f'{host}: ')}")
+            if node not in self.nodes_out:
+                self.nodes_out.append(node)
+
     def attempt_job(self, number: int, previous: str | None) -> Job:
         env = {**self.job.env, **restart_env(self.run_id, number, previous)}
+        if self.job.slurm is not None:
+            return replace(self.job, env=env, slurm=replace(self.job.slurm, exclude=tuple(self.nodes_out)))
         hosts = tuple(self.hosts)
         return replace(self.job, hosts=hosts, env=env, rendezvous=_without(self.job, hosts))
 
@@ -355,10 +375,11 @@ class Restarts:
                 return self.stop(f"restart budget spent: {restarts} of {self.run.max_restarts} restart(s) used; "
                                  f"attempt {number} failed: {verdict.reason}", result.exit_code or 1)
             self.cb.on_notice(f"attempt {number} failed ({verdict.kind.value}): {verdict.reason}")
-            if verdict.kind is Failure.HOST_FAULT:
+            if verdict.kind is Failure.HOST_FAULT and self.job.slurm is not None:
+                self.exclude_nodes(verdict.faults, result, number + 1)
+            elif verdict.kind is Failure.HOST_FAULT:
                 try:
-                    self.exclude(dict(zip(verdict.hosts, verdict.why or (verdict.reason,) * len(verdict.hosts),
-                                          strict=True)), number + 1)
+                    self.exclude(verdict.faults, number + 1)
                 except NoHosts as no:
                     return self.stop(f"not restarting: {no}", result.exit_code or 1)
             restarts += 1

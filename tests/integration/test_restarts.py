@@ -19,7 +19,7 @@ import pytest
 
 from tests.cluster import Cluster
 from tests.cluster_sys import kill_netns
-from tests.ddpctl_run import ddpctl_argv, ssh_args, wait_for
+from tests.ddpctl_run import ddpctl_argv, run_ddpctl, ssh_args, wait_for
 
 pytestmark = pytest.mark.cluster
 
@@ -189,6 +189,14 @@ def test_no_spare_shrinks_to_min_nodes_and_says_so(make_cluster: Callable[[int],
     assert "no spare left: the job shrinks to 2 host(s) of 3 ([restart] min_nodes = 2)" in text
     assert [a["hosts"] for a in summary["attempts"]] == [["node0", "node1", "node2"], ["node0", "node1"]]
     wait_for(lambda: no_attempt_left(cluster, summary, [0, 1, 2]), 30, "no job process left")
+    # the run's logs: every attempt on each host, each after its mark; ps and down know the run too
+    logs = run_ddpctl("logs", summary["run_id"], "-i", str(tmp_path / "hosts.toml"), *ssh_args(cluster))
+    assert logs.returncode == 0, logs.stderr
+    marks = re.findall(r"^\[(node\d)\]\s+---- ddpctl: attempt (\d) \(job (\S+)\) ----$", logs.stdout, re.MULTILINE)
+    assert sorted(marks) == sorted([("node0", "0", f"{summary['run_id']}.0"), ("node1", "0", f"{summary['run_id']}.0"),
+                                    ("node2", "0", f"{summary['run_id']}.0"), ("node0", "1", f"{summary['run_id']}.1"),
+                                    ("node1", "1", f"{summary['run_id']}.1")]), logs.stdout[-3000:]
+    assert logs.stdout.index("---- ddpctl: attempt 0") < logs.stdout.index("---- ddpctl: attempt 1")
 
 
 def test_a_deterministic_bug_is_retried_at_most_once(cluster2: Cluster, tmp_path: Path) -> None:

@@ -143,16 +143,13 @@ def test_min_nodes_counts_the_hosts_the_job_selects(cluster: Path) -> None:
     assert err.key == "restart.min_nodes" and "runs on 2 host(s)" in err.message
 
 
-@pytest.mark.parametrize(("restarts", "refused"), [(0, False), (2, True)])
-def test_slurm_with_restarts_is_refused(cluster: Path, restarts: int, refused: bool) -> None:
-    path = write_job(cluster, JOB + f"[slurm]\nnodes = 2\n[restart]\nmax_restarts = {restarts}\n")
-    if not refused:
-        assert load_job(path).restart.max_restarts == 0
-        return
+def test_slurm_restarts_load_and_min_nodes_is_refused_there(cluster: Path) -> None:
+    path = write_job(cluster, JOB + "[slurm]\nnodes = 2\n[restart]\nmax_restarts = 2\n")
+    assert load_job(path).restart.max_restarts == 2
+    path = write_job(cluster, JOB + "[slurm]\nnodes = 2\n[restart]\nmax_restarts = 2\nmin_nodes = 1\n")
     err = load_error(path)
-    assert (err.file, err.key, err.line) == (path, "restart.max_restarts", line_of(path, "max_restarts = 2"))
-    assert "Slurm" in err.message
-    assert err.hint is not None and "requeue" in err.hint
+    assert (err.file, err.key, err.line) == (path, "restart.min_nodes", line_of(path, "min_nodes = 1"))
+    assert "Slurm" in err.message and "2 other node(s)" in err.message
 
 
 # -- spare hosts -------------------------------------------------------------------------------------

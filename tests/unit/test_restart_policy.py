@@ -263,12 +263,21 @@ def test_without_a_rank_error_the_launch_cores_diagnosis_is_the_reason(fields: d
     ({"signal": int(signal.SIGINT)}, "stopped by the user"),
     ({"signal": int(signal.SIGTERM)}, "stopped by SIGTERM"),
     ({"interrupted": True}, "stopped by the user"),
-    ({"ended_by": "cancelled by the scheduler (TIME LIMIT)"}, "cancelled by the scheduler (TIME LIMIT)"),
-], ids=["ctrl-c", "sigterm", "interrupted", "ended-by"])
+], ids=["ctrl-c", "sigterm", "interrupted"])
 def test_a_stopped_run_is_not_retried(fields: dict[str, object], reason: str) -> None:
     loss = HostLoss("c", "gone", 1.0)  # outranked: the stop came first
     verdict = classify(result(error(step=5), steps=5, loss=loss, **fields), make_job(), 1, [first_attempt(5)])
     assert (verdict.kind, verdict.reason, verdict.hosts) == (Failure.STOPPED, reason, ())
+
+
+def test_the_schedulers_end_is_not_retried_unless_it_names_a_failed_node() -> None:
+    ended = "Slurm job 34 hit its time limit at 22:01:42: TIMEOUT after 00:01:00"
+    verdict = classify(result(error(step=5), steps=5, ended_by=ended), make_job(), 1, [first_attempt(5)])
+    assert (verdict.kind, verdict.reason, verdict.hosts) == (Failure.STOPPED, ended, ())
+    node_fail = HostLoss("c", "Slurm marked node s3 NODE_FAIL", 1.0)  # Slurm ended it because a node failed
+    verdict = classify(result(error(step=5), steps=5, ended_by="node fail", loss=node_fail), make_job(), 1,
+                       [first_attempt(5)])
+    assert (verdict.kind, verdict.hosts) == (Failure.HOST_FAULT, ("c",))
 
 
 # -- the hosts of the next attempt ---------------------------------------------------------------------

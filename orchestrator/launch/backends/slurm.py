@@ -175,7 +175,7 @@ class SlurmBackend:
         for path, (data, mode) in self.files(plan, options, self.client.home()).items():
             self.client.write(path, data, mode)
         slurm_id = self.client.submit(sbatch_argv(state, plan.hosts[0].cwd))
-        run_dir = options.runs_dir / plan.job_id
+        run_dir = options.run_dir_of(plan.job_id)
         run_dir.mkdir(parents=True, exist_ok=True)
         sub = Submission(plan, state, slurm_id, run_dir / "slurm.json")
         sub.write_record(self.spec.login, {})

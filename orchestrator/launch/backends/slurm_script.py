@@ -45,6 +45,7 @@ def sbatch_options(plan: LaunchPlan, spec: SlurmSpec) -> list[str]:
     opts = [f"--job-name={plan.job_id}", f"--comment={JOB_COMMENT}", f"--nodes={spec.nodes}",
             "--ntasks-per-node=1", *resource_options(spec)]
     opts += [f"--time={spec.time}"] if spec.time is not None else []
+    opts += [f"--exclude={','.join(spec.exclude)}"] if spec.exclude else []  # a restart's faulty nodes
     if spec.requeue:
         opts += ["--requeue", f"--signal=B:{spec.signal}"]
     else:

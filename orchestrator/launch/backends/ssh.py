@@ -350,7 +350,7 @@ class SshBackend:
         fan = self.pool.map([h.host for h in plan.hosts], one)
         self._release()
         report = DetachReport(dict(fan.succeeded), dict(fan.failed))
-        run_dir = options.runs_dir / plan.job_id
+        run_dir = options.run_dir_of(plan.job_id)
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "detached.json").write_text(json.dumps(
             {"job_id": plan.job_id, "started": report.started,
