@@ -233,6 +233,132 @@ def fact_workdir(req: Dict[str, Any]) -> Dict[str, Any]:
             "writable": os.access(workdir, os.W_OK)}
 
 
+# -- [restart] checkpoint_dir -------------------------------------------------------------------
+# Doctor asks whether each host can create the directory and write in it, and whether the hosts
+# share it: each host writes a marker file the control plane named (request["checkpoint"]:
+# {"dir", "marker", "peers": {host: marker}}). In doctor's held session (gather, with a probe)
+# the marker stays while the session lasts: the control plane ends the sessions only once every
+# host has sent its facts, so every marker is written before any host looks; each host then
+# looks for its peers' markers and removes its own (settle_checkpoint). Of two hosts that share
+# the directory, the one that looks first sees the other's marker. Elsewhere (one host, a launch)
+# the marker is removed at once: only the write is checked. Only a marker this op created
+# (O_EXCL) is ever removed, and nothing else.
+MARKER_PREFIX = ".ddpctl-doctor-"
+MARKER_TEXT = b"ddpctl doctor: which hosts share this directory; removed when doctor ends\n"
+CHECKPOINT_TIMEOUT_S = 10.0  # a hung network mount answers never: the fact says so instead
+
+
+def checkpoint_path(req: Dict[str, Any]) -> str:
+    """DDPCTL_CHECKPOINT_DIR as the ranks resolve it here: relative to the job's workdir unless
+    absolute, `~` this host's (as the supervisor resolves it)."""
+    spec = req.get("checkpoint") or {}
+    workdir = os.path.expanduser(str(req.get("workdir") or "."))
+    return os.path.join(workdir, os.path.expanduser(str(spec.get("dir") or "")))
+
+
+def valid_marker(name: Any) -> bool:
+    """A marker name doctor may create and remove: one plain file name with the marker prefix."""
+    return (isinstance(name, str) and name.startswith(MARKER_PREFIX) and len(name) <= 200
+            and "/" not in name and "\0" not in name)
+
+
+def _own_marker() -> str:
+    host = "".join(c if c.isalnum() or c in "._-" else "_" for c in socket.gethostname())[:64]
+    return "%s%s-%d-%s" % (MARKER_PREFIX, host, os.getpid(), os.urandom(4).hex())
+
+
+def _try_checkpoint(req: Dict[str, Any], keep: bool) -> Dict[str, Any]:
+    """Create the directory (where missing), write a marker in it; keep it or remove it."""
+    spec = req.get("checkpoint") or {}
+    path = checkpoint_path(req)
+    out: Dict[str, Any] = {"path": path, "existed": os.path.isdir(path), "writable": False}
+    given = spec.get("marker")
+    marker = str(given) if valid_marker(given) else _own_marker()
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as exc:
+        out.update(step="mkdir", error=str(exc))
+        return out
+    target = os.path.join(path, marker)
+    created = False
+    try:
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        created = True
+        try:
+            os.write(fd, MARKER_TEXT)
+        finally:
+            os.close(fd)  # a network filesystem reports a failed write here
+    except OSError as exc:
+        out.update(step="write", error=str(exc))
+        if created:
+            _remove_marker(target, out)
+        return out
+    out["writable"] = True
+    if keep and marker == given and spec.get("peers"):
+        out["marker"] = marker  # settle_checkpoint removes it when the session ends
+    else:
+        _remove_marker(target, out)
+    return out
+
+
+def _remove_marker(target: str, out: Dict[str, Any]) -> None:
+    try:
+        os.remove(target)
+    except OSError as exc:
+        out["cleanup_error"] = str(exc)
+
+
+def fact_checkpoint(req: Dict[str, Any]) -> Dict[str, Any]:
+    """Can this host create [restart] checkpoint_dir (or it exists) and write a file in it?
+    {path, existed, writable, step and error where it could not, marker: the one left until the
+    session ends}. Bounded: a filesystem that does not answer in CHECKPOINT_TIMEOUT_S is an error
+    (its marker, should the write end later, is removed then)."""
+    keep = bool(req.get("_keep_marker"))
+    box: Dict[str, Any] = {}
+    lock = threading.Lock()
+
+    def work() -> None:
+        out = _try_checkpoint(req, keep)
+        with lock:
+            box["out"] = out
+            abandoned = box.get("abandoned", False)
+        if abandoned and out.get("marker"):
+            _remove_marker(os.path.join(out["path"], out["marker"]), out)
+
+    worker = threading.Thread(target=work, daemon=True)
+    worker.start()
+    worker.join(CHECKPOINT_TIMEOUT_S)
+    with lock:
+        if "out" in box:
+            return dict(box["out"])
+        box["abandoned"] = True
+    return {"path": checkpoint_path(req), "existed": None, "writable": False, "step": "timeout",
+            "error": "no answer from the filesystem within %gs" % CHECKPOINT_TIMEOUT_S}
+
+
+def settle_checkpoint(request: Dict[str, Any], result: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+    """At the end of doctor's session (every host has written its marker by now): the peers whose
+    marker this host sees in the directory, then its own marker removed. None: it left none."""
+    fact = (result.get("facts") or {}).get("checkpoint")
+    if not isinstance(fact, dict) or not valid_marker(fact.get("marker")):
+        return None
+    path, own = str(fact["path"]), str(fact["marker"])
+    peers = (request.get("checkpoint") or {}).get("peers") or {}
+    out: Dict[str, Any] = {}
+    try:
+        names = set(os.listdir(path))
+    except OSError as exc:
+        names = set()
+        out["list_error"] = str(exc)
+    # By name too: a network filesystem may list a directory from a stale cache, a lookup of a
+    # name never looked up before asks the server.
+    out["seen"] = sorted(str(host) for host, name in peers.items()
+                         if name != own and valid_marker(name)
+                         and (name in names or os.path.lexists(os.path.join(path, name))))
+    _remove_marker(os.path.join(path, own), out)
+    return out
+
+
 def fact_infiniband(req: Dict[str, Any]) -> List[str]:
     root = "/sys/class/infiniband"
     return sorted(os.listdir(root)) if os.path.isdir(root) else []
@@ -274,6 +400,7 @@ NEEDS: Dict[str, Callable[[Dict[str, Any]], bool]] = {
     "script": lambda req: bool(req.get("script")),
     "master_port": lambda req: bool(req.get("check_port") and req.get("master_port")),
     "free_port": lambda req: bool(req.get("pick_port")),
+    "checkpoint": lambda req: bool((req.get("checkpoint") or {}).get("dir")),
 }
 
 
@@ -287,7 +414,7 @@ def registry() -> Dict[str, Fact]:
         "memlock": fact_memlock, "env": fact_env, "resolution": fact_resolution,
         "hostname_resolution": fact_hostname_resolution, "cpu_count": fact_cpu_count,
         "gpu_count": fact_gpu_count, "script": fact_script, "master_port": fact_master_port,
-        "free_port": fact_free_port,
+        "free_port": fact_free_port, "checkpoint": fact_checkpoint,
     }
 
 
@@ -343,12 +470,18 @@ def gather(request: Dict[str, Any], control: BinaryIO) -> Dict[str, Any]:
     With request["then"] == "supervise" (a launch) it sends the facts as event `facts` too and
     then waits (up to request["hold_s"]) for the control plane's verdict: `START {request}` runs
     the supervise op in this same process, on the same channel (one SSH session per host from
-    `ddpctl up` to a running torchrun); EOF means the launch was called off."""
+    `ddpctl up` to a running torchrun); EOF means the launch was called off.
+
+    In doctor's session (a probe, no `then`) the checkpoint sub-fact's marker stays until the
+    session ends; the result then carries result["checkpoint"] = {seen: the peers whose marker
+    this host saw, list_error, cleanup_error} (settle_checkpoint)."""
     started = time.monotonic()
     spec = request.get("probe")
     then = request.get("then") == "supervise"
     if not spec and not then:
         return collect(request, started)
+    if spec and not then:  # doctor's session: a checkpoint marker may stay until it ends
+        request = dict(request, _keep_marker=True)
     from node_agent import probe
 
     sockets, ports = probe.open_listeners([int(p) for p in spec.get("ports") or [0]]) if spec else ({}, [])
@@ -368,8 +501,13 @@ def gather(request: Dict[str, Any], control: BinaryIO) -> Dict[str, Any]:
         probe.serve(sockets, ports, control, timeout, start if then else None)), daemon=True)
     server.start()
     result = collect(request, started)
-    emit_event("facts", **result)
-    server.join()
+    try:
+        emit_event("facts", **result)
+        server.join()  # until the control plane ends the session: every host's facts are in
+    finally:
+        settled = settle_checkpoint(request, result)  # never leave the marker behind
+    if settled is not None:
+        result["checkpoint"] = settled
     if spec:
         result["probe"] = served
     if start:  # the probe's listeners (the master port's among them) are closed by now

@@ -4,6 +4,7 @@ each line with its time and rank."""
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import re
 import subprocess
@@ -11,9 +12,18 @@ import time
 from pathlib import Path
 
 from node_agent.factparse import parse_nvidia_apps
+from node_agent.loops import stop as stop_loops
 from node_agent.procfs import alive
 from node_agent.protocol import emit_event
-from node_agent.runstate import end_job, iter_states, job_pids, proc_start_ticks, read_json
+from node_agent.runstate import (
+    DOWN_MARK,
+    end_job,
+    iter_states,
+    job_pids,
+    proc_start_ticks,
+    read_json,
+    write_json_atomic,
+)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing is for the checker only (node_agent/__init__.py)
@@ -61,7 +71,11 @@ def ps(request: Dict[str, Any], control: BinaryIO) -> Dict[str, Any]:
 
 
 def down(request: Dict[str, Any], control: BinaryIO) -> Dict[str, Any]:
-    """Stop every running instance of a job (by id or name) on this host."""
+    """Stop every running instance of a job (by id, name or run id) on this host: with
+    `loops_only`, only a detached restart loop (node_agent/loops.py), which `ddpctl down` ends
+    on every host before any supervisor, so that nothing restarts what it stops."""
+    if request.get("loops_only"):
+        return {"stopped": stop_loops(str(request["job"])), "exit_code": 0}
     grace = float(request.get("grace", 10.0))
     stopped = []
     for state in iter_states(request["job"]):
@@ -69,6 +83,8 @@ def down(request: Dict[str, Any], control: BinaryIO) -> Dict[str, Any]:
         pgid = int(state["pgid"]) if _running(state) else None
         if pgid is None and not job_pids(job_id, node_rank):
             continue
+        with contextlib.suppress(OSError, KeyError):  # the supervisor tells its control plane who stopped it
+            write_json_atomic(Path(state["state_dir"]) / DOWN_MARK, {"by": request.get("by"), "at": time.time()})
         outcome = end_job(job_id, pgid, grace, node_rank)
         outcome["job_id"] = job_id
         stopped.append(outcome)

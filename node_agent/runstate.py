@@ -18,6 +18,8 @@ if TYPE_CHECKING:  # typing is for the checker only (node_agent/__init__.py)
 
 JOB_ENV = "DDPCTL_JOB_ID"
 NODE_RANK_ENV = "DDPCTL_NODE_RANK"
+DOWN_MARK = "down.json"  # in a node's run state: `ddpctl down` stopped it (who, when)
+STOPPED_BY_DOWN = "stopped by `ddpctl down`"  # the start of such a node's stop reason
 
 
 def state_root() -> Path:

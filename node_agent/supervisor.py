@@ -38,10 +38,13 @@ from node_agent.nccl_log import parse_files
 from node_agent.protocol import emit_event
 from node_agent.ranklogs import RankLogs
 from node_agent.runstate import (
+    DOWN_MARK,
     JOB_ENV,
     NODE_RANK_ENV,
+    STOPPED_BY_DOWN,
     end_job,
     proc_start_ticks,
+    read_json,
     state_dir,
     write_json_atomic,
 )
@@ -393,6 +396,10 @@ class Supervisor:
         if (control is not None or self.request.get("batch")) and self.heartbeat_timeout > 0:
             self._thread(self.watch_heartbeat)
         code = self.proc.wait()
+        down = read_json(self.dir / DOWN_MARK)
+        if down is not None:  # someone else's action, not a failure: a restarting control plane must know
+            self.stop_reason = "%s (%s)" % (STOPPED_BY_DOWN, down.get("by") or "someone") + \
+                (": " + self.stop_reason if self.stop_reason else "")
         if self.aborted and code == -signal.SIGKILL:
             code = 1  # as torchrun itself exits when a rank fails
         pump.join(10)

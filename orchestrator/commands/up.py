@@ -33,7 +33,7 @@ from orchestrator.commands.common import (
 from orchestrator.commands.sync_view import SyncView
 from orchestrator.doctor.model import CheckStatus
 from orchestrator.doctor.render import finding_text, grouped
-from orchestrator.launch import core, restart
+from orchestrator.launch import core, detached_restarts, restart
 from orchestrator.launch.backends.choose import backend_for
 from orchestrator.launch.backends.slurm import SlurmBackend
 from orchestrator.launch.faults import DEFAULT_LOST_AFTER, MIN_LOST_AFTER
@@ -337,6 +337,8 @@ def up_command(
         "--max-restarts", min=0, help="Restart the job this many times in all after a failure: a faulty host "
         "is left out (spares take its place), a deterministic bug is not retried (default: \\[restart] "
         "max_restarts, 0).", rich_help_panel="Restarts")] = None,
+    run_id: Annotated[str | None, typer.Option(
+        "--run-id", hidden=True, help="The run's id (a detached job's restart loop is given it).")] = None,
     ssh_config: SshConfigOpt = None,
     known_hosts: KnownHostsOpt = None,
     accept_new_host_keys: AcceptNewOpt = False,
@@ -354,7 +356,7 @@ def up_command(
                             runs_dir=runs_dir, checks=not no_checks, join_timeout=join_timeout,
                             sync=not no_sync, lost_after=lost_after)
     budget = job.restart.max_restarts if max_restarts is None else max_restarts
-    check_restartable(budget, detach)
+    check_restartable(budget, detach, job.slurm is not None)
     with make_pool(ssh_config, known_hosts, accept_new_host_keys, parallel, connect_timeout) as pool:
         runner = backend_for(pool, job)
         if not dry_run and not isinstance(runner, SlurmBackend):
@@ -370,12 +372,14 @@ def up_command(
                 return
             shown = node_hosts(job, job.slurm) if job.slurm else (*job.hosts, *job.spares)
             printer = Printer([h.name for h in shown])
+            if detach and budget > 0:
+                print_loop(detached_restarts.start_loop(job, pool, sys.argv[1:], Path.cwd()), job_file)
             if detach:
                 print_detached(core.detach(job, runner, printer, options))
             if budget > 0:
                 with printer:
                     run = restart.launch(job, lambda attempt_job: backend_for(pool, attempt_job), printer, options,
-                                         budget)
+                                         budget, run_id)
             else:
                 with printer:
                     result = core.launch(job, runner, printer, options)
@@ -396,13 +400,21 @@ def up_command(
     raise typer.Exit(result.exit_code)
 
 
-def check_restartable(budget: int, detach: bool) -> None:
-    """Restarts need `up` attached (for now): refused before anything starts."""
-    if budget == 0:
-        return
-    if detach:
-        raise ConfigError("--detach with restarts: the restarting loop runs in `up`, which --detach leaves",
-                          key="--detach", hint="run `up` attached (in tmux or screen), or set max_restarts = 0")
+def check_restartable(budget: int, detach: bool, slurm: bool) -> None:
+    """A detached job's restarts run from its first host, over SSH: on Slurm they are refused
+    before anything starts."""
+    if budget > 0 and detach and slurm:
+        raise ConfigError("--detach with restarts on Slurm: the restarting loop would need a host of its own",
+                          key="--detach", hint="run `up` attached (on the login node, in tmux or screen), or use "
+                          "[slurm] requeue = true, which Slurm carries out itself")
+
+
+def print_loop(loop: detached_restarts.LoopStarted, job_file: Path) -> NoReturn:
+    notice(f"detached: the restart loop of run {loop.run_id} runs on {loop.host} (pid {loop.pid}; its output: "
+           f"{loop.host}:{loop.log}). Follow: ddpctl logs {loop.run_id} -f -i <inventory>; stop: ddpctl down "
+           f"{loop.run_id} -i <inventory> (the loop first, so nothing is restarted)".replace(
+               "<inventory>", shlex.quote(str(job_file))))
+    raise typer.Exit(0)
 
 
 def print_restarted(run: restart.RestartedRun, nccl_debug: bool) -> NoReturn:

@@ -4,9 +4,17 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 from orchestrator.doctor.checks import CHECKS, run_checks
-from orchestrator.doctor.gather import close_all, open_sessions, run_probe, settle_addressing
+from orchestrator.doctor.gather import (
+    checkpoint_listings,
+    checkpoint_markers,
+    close_all,
+    open_sessions,
+    run_probe,
+    settle_addressing,
+)
 from orchestrator.doctor.model import (
     CheckStatus,
     DoctorContext,
@@ -28,6 +36,8 @@ def run_doctor(ctx: DoctorContext, pool: HostPool,
     """Gather, probe, check. Host failures become findings; nothing here raises for a host."""
     started = time.monotonic()
     probe = len(ctx.hosts) > 1
+    if probe and ctx.checkpoint_dir is not None:
+        ctx = replace(ctx, checkpoint_markers=checkpoint_markers(ctx.hosts))
     notice(f"gathering facts from {len(ctx.hosts)} host(s)")
     fan = open_sessions(pool, ctx, probe)
     gathered = time.monotonic()
@@ -40,10 +50,11 @@ def run_doctor(ctx: DoctorContext, pool: HostPool,
     finally:
         close_all([o.session for o in fan.succeeded.values()])
     phases = {"facts_s": gathered - started, "probe_s": time.monotonic() - gathered}
-    ctx, facts, addressing = settle_addressing(ctx, {name: o.facts for name, o in fan.succeeded.items()})
+    ctx, facts, addressing = settle_addressing(ctx, checkpoint_listings(fan.succeeded))
     if addressing.picked:
         notice(f"master_addr {addressing.master_addr}: {addressing.picked}")
     obs = Observations(ctx=ctx, facts=facts, failed=fan.failed, probes=probes)
-    return Report(hosts=[h.name for h in ctx.hosts], checks=[name for name, _ in CHECKS],
+    checks = [name for name, _ in CHECKS if name != "checkpoint" or ctx.checkpoint_dir is not None]
+    return Report(hosts=[h.name for h in ctx.hosts], checks=checks,
                   findings=run_checks(obs), unreachable=set(fan.failed),
                   elapsed_s=time.monotonic() - started, phases=phases)

@@ -8,6 +8,8 @@ from __future__ import annotations
 import collections
 import json
 import queue
+import re
+import secrets
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -57,6 +59,12 @@ def facts_request(ctx: DoctorContext, host: Host, probe: bool,
     if select is not None:
         request["select"] = list(select)
         request["pick_port"] = host.name == ctx.master.name and ctx.master_port is None
+    if ctx.checkpoint_dir is not None and (select is None or "checkpoint" in select):
+        # with the probe the session is held: each host's marker stays until close_all, so the
+        # hosts can tell whether they share the directory (checkpoint_listings)
+        markers = ctx.checkpoint_markers if probe else {}
+        request["checkpoint"] = {"dir": ctx.checkpoint_dir, "marker": markers.get(host.name),
+                                 "peers": dict(markers)}
     if probe:
         request["probe"] = {"ports": [0, ctx.master_port] if is_master else [0],
                             "timeout": ctx.timeout_s * 2}
@@ -369,6 +377,37 @@ def run_probe(ctx: DoctorContext, opened: dict[str, Opened], job_holds_master: b
         out.skipped["master_port"] = f"{ctx.master.name} did not answer"
     elif not master.ports.get(ctx.master_port) and not job_holds_master:
         out.skipped["master_port"] = f"port {ctx.master_port} is busy on {ctx.master.name}"
+    return out
+
+
+MARKER_PREFIX = ".ddpctl-doctor-"  # node_agent/facts.py removes only files named so
+
+
+def checkpoint_markers(hosts: Sequence[Host]) -> dict[str, str]:
+    """For one doctor run, the marker file each host writes in [restart] checkpoint_dir: named
+    after the host, with a random part no other run or file has."""
+    return {h.name: f"{MARKER_PREFIX}{re.sub(r'[^A-Za-z0-9._-]+', '_', h.name)[:64]}-{secrets.token_hex(4)}"
+            for h in hosts}
+
+
+def checkpoint_listings(opened: Mapping[str, Opened], timeout: float = 5.0) -> dict[str, HostFacts]:
+    """Each host's facts with what it saw of its peers' checkpoint markers, read from its result
+    once its session has ended (close_all: every host wrote its marker before any session ended,
+    so of two hosts that share the directory, the one that looked first saw the other's). A host
+    whose result did not come says why instead."""
+    deadline = time.monotonic() + timeout
+    out = {}
+    for name, o in opened.items():
+        fact = o.facts.get("checkpoint")
+        if not isinstance(fact, Mapping) or not fact.get("marker"):
+            out[name] = o.facts
+            continue
+        try:
+            result = o.session.wait_for("result", deadline)
+            settled = result.get("checkpoint") or {"list_error": "the node agent did not say"}
+        except HostError as err:
+            settled = {"list_error": f"its session ended without a result: {err.message}"}
+        out[name] = replace(o.facts, facts={**o.facts.facts, "checkpoint": {**fact, **settled}})
     return out
 
 

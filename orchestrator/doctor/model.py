@@ -75,6 +75,11 @@ class DoctorContext:
     master_given: bool = True
     master_picked: str = ""
     pick_interfaces: bool = True  # [rendezvous] pick_interfaces (GLOO/NCCL_SOCKET_IFNAME)
+    # [restart] checkpoint_dir as the job gives it (relative to each host's workdir unless
+    # absolute, `~` the host's); None: the checkpoint check does not run. `checkpoint_markers`:
+    # host -> the marker file it writes there for one doctor run (gather.checkpoint_markers)
+    checkpoint_dir: str | None = None
+    checkpoint_markers: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def local_only(self) -> bool:

@@ -43,6 +43,7 @@ from orchestrator.launch.plan import ATTEMPT_ENV, PREV_FAILURE_ENV, RUN_ID_ENV, 
 from orchestrator.launch.preflight import ChecksFailed
 from orchestrator.launch.result import RunResult, clock
 from orchestrator.launch.signals import StopSignal, stop_signals_raise
+from orchestrator.remote.wire import STOPPED_BY_DOWN
 
 EXIT_DETERMINISTIC = 70  # not restarted: it would fail the same way again (BSD's EX_SOFTWARE)
 BACKOFF_TICK = 0.2  # a backoff wakes this often to honour Ctrl-C at once
@@ -150,6 +151,9 @@ def classify(result: RunResult, job: Job, number: int, previous: Sequence[Attemp
     if result.signal is not None or result.interrupted:
         return Verdict(Failure.STOPPED, "stopped by the user" if result.signal in (None, signal.SIGINT) else
                        f"stopped by {signal.Signals(result.signal).name}")
+    downed = next((r for r in result.hosts if (r.stop_reason or "").startswith(STOPPED_BY_DOWN)), None)
+    if downed is not None:  # someone else's action is not ours to undo
+        return Verdict(Failure.STOPPED, f"{downed.host}: {downed.stop_reason}")
     if result.loss is not None:  # on Slurm too: a node it marked failed
         return Verdict(Failure.HOST_FAULT, f"{result.loss.host} lost at {result.loss.when()}: {result.loss.reason}",
                        (result.loss.host,))
@@ -260,12 +264,12 @@ class Restarts:
     """Runs `job` until it succeeds, is stopped, fails deterministically or spends its budget."""
 
     def __init__(self, job: Job, make_backend: Callable[[Job], Backend], observer: Observer,
-                 options: LaunchOptions, max_restarts: int) -> None:
+                 options: LaunchOptions, max_restarts: int, run_id: str | None = None) -> None:
         self.job = job
         self.make_backend = make_backend
         self.cb = observer
         self.options = options
-        self.run_id = new_job_id(job.name)
+        self.run_id = run_id or new_job_id(job.name)
         self.run = RestartedRun(self.run_id, options.runs_dir / self.run_id, max_restarts)
         self.hosts = list(job.hosts)
         self.spares = list(job.spares)
@@ -420,8 +424,10 @@ def _hosts_failed(exc: Exception) -> dict[str, str]:
 
 
 def launch(job: Job, make_backend: Callable[[Job], Backend], observer: Observer,
-           options: LaunchOptions | None = None, max_restarts: int | None = None) -> RestartedRun:
-    """Run `job` with restarts: `max_restarts` (the flag) over [restart] max_restarts."""
+           options: LaunchOptions | None = None, max_restarts: int | None = None,
+           run_id: str | None = None) -> RestartedRun:
+    """Run `job` with restarts: `max_restarts` (the flag) over [restart] max_restarts; `run_id`
+    names the run (a detached job's loop is told it), else a new one."""
     options = options or LaunchOptions()
     budget = job.restart.max_restarts if max_restarts is None else max_restarts
-    return Restarts(job, make_backend, observer, options, budget)()
+    return Restarts(job, make_backend, observer, options, budget, run_id)()

@@ -13,6 +13,9 @@ from typing import Any
 
 from orchestrator.errors import HostError, HostErrorKind
 
+# The start of a node's stop reason when `ddpctl down` stopped it (node_agent/runstate.py writes it).
+STOPPED_BY_DOWN = "stopped by `ddpctl down`"
+
 
 def _int_or_none(value: Any) -> int | None:
     return None if value is None else int(value)
@@ -126,6 +129,29 @@ def parse_master_port(d: Mapping[str, Any]) -> MasterPortFact:
     return MasterPortFact(int(d.get("port") or 0), bool(d.get("bindable", True)), d.get("bind_error"), owners)
 
 
+@dataclass(frozen=True)
+class CheckpointFact:
+    """The facts op's look at [restart] checkpoint_dir on one host (node_agent/facts.py)."""
+
+    path: str  # as the host resolved it (workdir-relative, `~` expanded there)
+    writable: bool  # it exists or was created, and a file could be written in it
+    existed: bool | None  # it was there before doctor looked (False: doctor created it)
+    step: str | None  # where it failed: "mkdir", "write" or "timeout"
+    error: str | None  # ... with the OS error
+    seen: tuple[str, ...] | None  # hosts whose marker file it saw there (None: it did not look)
+    list_error: str | None  # why it could not list the directory
+    cleanup_error: str | None  # its marker file could not be removed
+
+
+def parse_checkpoint(d: Mapping[str, Any]) -> CheckpointFact:
+    seen = d.get("seen")
+    existed = d.get("existed")
+    return CheckpointFact(str(d.get("path") or ""), bool(d.get("writable")),
+                          None if existed is None else bool(existed), d.get("step"), d.get("error"),
+                          None if seen is None else tuple(str(h) for h in seen), d.get("list_error"),
+                          d.get("cleanup_error"))
+
+
 # -- facts -------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -182,6 +208,13 @@ class HostFacts:
     def master_port(self) -> MasterPortFact | None:
         mp = self.facts.get("master_port")
         return parse_master_port(mp) if isinstance(mp, Mapping) else None
+
+    @property
+    def checkpoint(self) -> CheckpointFact | None:
+        """[restart] checkpoint_dir here, with what the host saw of its peers' markers once its
+        session ended (the control plane merges that in: doctor/gather.py)."""
+        ck = self.facts.get("checkpoint")
+        return parse_checkpoint(ck) if isinstance(ck, Mapping) else None
 
 
 # -- supervise ---------------------------------------------------------------------------------

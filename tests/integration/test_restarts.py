@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from tests.cluster import Cluster
@@ -131,6 +132,13 @@ def run_summary(runs: Path) -> dict[str, Any]:
     return data
 
 
+def running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def no_attempt_left(cluster: Cluster, summary: dict[str, Any], hosts: Sequence[int]) -> bool:
     return all(not cluster.job_pids(i, a["job_id"]) for a in summary["attempts"] for i in hosts)
 
@@ -242,3 +250,30 @@ def test_ctrl_c_in_a_backoff_stops_cleanly(cluster2: Cluster, tmp_path: Path) ->
     summary = run_summary(runs)
     assert len(summary["attempts"]) == 1 and summary["stopped_because"].startswith("stopped during the backoff")
     wait_for(lambda: no_attempt_left(cluster2, summary, [0, 1]), 30, "no job process left")
+
+
+def test_a_detached_job_is_restarted_from_its_first_host_and_down_ends_the_loop_first(
+        make_cluster: Callable[[int], Cluster], tmp_path: Path) -> None:
+    cluster = make_cluster(3)
+    job = job_file(tmp_path, cluster, "detached", [100000, 0.1, 5, -1, NEVER, "raise", "0"], spares=[2])
+    runs = tmp_path / "runs"
+    up = run_ddpctl("up", str(job), "--detach", "--runs-dir", str(runs), *ssh_args(cluster), cwd=tmp_path)
+    assert up.returncode == 0, up.stdout + up.stderr
+    found = re.search(r"the restart loop of run (\S+) runs on node0 \(pid (\d+)", up.stderr)
+    assert found, up.stderr
+    run_id = found.group(1)
+    attempt0 = runs / run_id / "attempt-0" / "node1.log"
+    wait_for(lambda: attempt0.exists() and "rank 1 step 6" in attempt0.read_text(), 120, "attempt 0 to train")
+    kill_netns([cluster.hosts[1].netns])  # node1 goes; the loop on node0 restarts the job on node0 + node2
+    attempt1 = runs / run_id / "attempt-1" / "node2.log"
+    wait_for(lambda: attempt1.exists() and "rank 1 step" in attempt1.read_text(), 120, "attempt 1 to train")
+    assert "attempt 1 rank 1 on node2 resumes at step" in attempt1.read_text()
+    # someone stops the run: the loop goes first, so nothing restarts what `down` ends
+    down = run_ddpctl("down", run_id, "-i", str(tmp_path / "hosts.toml"), *ssh_args(cluster), timeout=120)
+    assert f"stopped restart loop of {run_id}" in down.stdout, down.stdout + down.stderr
+    summary = wait_for(lambda: (runs / run_id / "summary.json").exists() and
+                       json.loads((runs / run_id / "summary.json").read_text()), 60, "the run's summary")
+    assert len(summary["attempts"]) == 2 and summary["signal"] == signal.SIGTERM, summary
+    assert summary["excluded"][0]["host"] == "node1" and summary["exit_code"] == 128 + signal.SIGTERM
+    wait_for(lambda: no_attempt_left(cluster, summary, [0, 2]), 30, "no job process left")
+    assert not running(int(found.group(2)))  # the loop itself is gone

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import traceback
 
-from orchestrator.doctor.checks import agreement, clock, firewall, ifname, names, nccl, node, port
+from orchestrator.doctor.checks import agreement, checkpoint, clock, firewall, ifname, names, nccl, node, port
 from orchestrator.doctor.checks import ssh as ssh_check
 from orchestrator.doctor.checks.base import Check, fail
 from orchestrator.doctor.model import Finding, Observations
@@ -16,6 +16,7 @@ CHECKS: tuple[tuple[str, Check], ...] = (
     ("nproc", node.check_nproc),
     ("versions", agreement.check_versions),
     ("workdir", agreement.check_workdir),
+    ("checkpoint", checkpoint.check),
     ("firewall", firewall.check),
     ("port", port.check),
     ("ifname", ifname.check),
