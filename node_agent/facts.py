@@ -20,7 +20,7 @@ import time
 from node_agent import factparse
 from node_agent.parallel import run_all
 from node_agent.protocol import emit_event
-from node_agent.torch_facts import fact_torch, fact_torch_lookup
+from node_agent.torch_facts import fact_ddpctl_lookup, fact_torch, fact_torch_lookup
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing is for the checker only (node_agent/__init__.py)
@@ -401,6 +401,7 @@ NEEDS: Dict[str, Callable[[Dict[str, Any]], bool]] = {
     "master_port": lambda req: bool(req.get("check_port") and req.get("master_port")),
     "free_port": lambda req: bool(req.get("pick_port")),
     "checkpoint": lambda req: bool((req.get("checkpoint") or {}).get("dir")),
+    "ddpctl_lookup": lambda req: bool(req.get("ddpctl_lookup")),  # doctor, for a job with restarts
 }
 
 
@@ -414,7 +415,7 @@ def registry() -> Dict[str, Fact]:
         "memlock": fact_memlock, "env": fact_env, "resolution": fact_resolution,
         "hostname_resolution": fact_hostname_resolution, "cpu_count": fact_cpu_count,
         "gpu_count": fact_gpu_count, "script": fact_script, "master_port": fact_master_port,
-        "free_port": fact_free_port, "checkpoint": fact_checkpoint,
+        "free_port": fact_free_port, "checkpoint": fact_checkpoint, "ddpctl_lookup": fact_ddpctl_lookup,
     }
 
 

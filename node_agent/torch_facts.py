@@ -1,6 +1,7 @@
 """The torch sub-facts: torch / CUDA / NCCL versions and devices, read by the inventory's interpreter
 (which may not be the agent's) and cached on the host under an exact key; and, for a launch, only
-whether that interpreter finds torch, a module lookup that imports nothing."""
+whether that interpreter finds torch, a module lookup that imports nothing. The same lookup tells
+doctor whether that interpreter finds ddpctl (`up --detach` with restarts runs it there)."""
 
 from __future__ import annotations
 
@@ -19,15 +20,29 @@ if TYPE_CHECKING:  # typing is for the checker only (node_agent/__init__.py)
 
 TORCH_TIMEOUT_S = 90.0
 LOOKUP_TIMEOUT_S = 30.0
-LOOKUP_MARK = "@@TORCH_LOOKUP@@"
-# Runs under the inventory's interpreter, started as the launch starts it (site and its .pth files,
-# the job's PYTHON* variables): where torch would come from, found without importing it.
+LOOKUP_MARK = "@@MODULE_LOOKUP@@"
+# Runs under the inventory's interpreter, started with site and its .pth files (for torch, the
+# launch's way: with the job's PYTHON* variables too): where the module named by argv[1] (data,
+# never code) would come from, found without importing it; a dotted name imports its parent
+# packages (find_spec does). A missing parent is "not found"; a parent that fails to import is
+# not found, with the error.
 LOOKUP_SNIPPET = r"""
 import importlib.util, json, sys
-spec = importlib.util.find_spec("torch")
-print("@@TORCH_LOOKUP@@" + json.dumps({"found": spec is not None, "origin": spec and spec.origin,
-                                        "executable": sys.executable}))
+name = sys.argv[1]
+d = {"found": False, "origin": None, "executable": sys.executable}
+try:
+    spec = importlib.util.find_spec(name)
+except Exception as e:
+    spec = None
+    missing = getattr(e, "name", None) if isinstance(e, ModuleNotFoundError) else None
+    if not (missing and (name == missing or name.startswith(missing + "."))):
+        d["error"] = "%s: %s" % (type(e).__name__, e)
+if spec is not None:
+    d["found"] = True
+    d["origin"] = spec.origin
+print("@@MODULE_LOOKUP@@" + json.dumps(d))
 """
+DDPCTL_MODULE = "orchestrator.cli"  # what `python -m orchestrator up` (a detached job's restarts) needs
 
 # Runs under the inventory's interpreter (which may not be the agent's); constant, no user data.
 # argv[1] is a cache directory ("" for none): importing torch costs seconds, so its facts are
@@ -174,13 +189,36 @@ def fact_torch_lookup(req: Dict[str, Any]) -> Dict[str, Any]:
         origin = find_torch_here()
         if origin is not None:
             return {"found": True, "origin": origin, "executable": python}
+    found = lookup_module(python, "torch", import_env)
+    if found.get("error"):  # the lookup itself failed: doctor's python check says so
+        raise RuntimeError(str(found["error"]))
+    return found
+
+
+def lookup_module(python: str, module: str, import_env: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
+    """Ask `python` (started in this process's cwd and environment, plus `import_env`) whether it
+    finds `module`: {found, origin, executable, error where a parent package failed to import}.
+    RuntimeError when the interpreter says nothing (it crashed, or is no Python)."""
     env = dict(os.environ)
-    env.update(import_env)
-    proc = subprocess.run([python, "-c", LOOKUP_SNIPPET], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          universal_newlines=True, timeout=LOOKUP_TIMEOUT_S, env=env, check=False)
+    env.update(import_env or {})
+    proc = subprocess.run([python, "-c", LOOKUP_SNIPPET, module], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, universal_newlines=True, timeout=LOOKUP_TIMEOUT_S,
+                          env=env, check=False)
     for line in reversed(proc.stdout.splitlines()):
         if line.startswith(LOOKUP_MARK):
             found: Dict[str, Any] = json.loads(line[len(LOOKUP_MARK):])
             return found
     err = (proc.stderr or proc.stdout).strip().splitlines()
     raise RuntimeError("%s exited %d: %s" % (python, proc.returncode, err[-1] if err else "no output"))
+
+
+def fact_ddpctl_lookup(req: Dict[str, Any]) -> Dict[str, Any]:
+    """Whether the inventory's interpreter finds ddpctl's CLI (`orchestrator.cli`), as `up --detach`
+    with restarts checks before it runs `python -m orchestrator up` here (a job's restarts run
+    from its first host): the interpreter itself, in this agent's cwd and environment (those of a
+    non-interactive SSH command, as that check's), without the job's variables (the check does
+    not set them either). Doctor asks it only for a job with restarts (req["ddpctl_lookup"])."""
+    python = shutil.which(str(req.get("python") or "python3"))
+    if python is None:
+        raise FileNotFoundError("interpreter %s not found" % req.get("python"))
+    return lookup_module(python, DDPCTL_MODULE)

@@ -31,6 +31,16 @@ __all__ = ["CheckStatus", "DoctorContext", "Finding", "HostFacts", "Report", "ru
 TOO_FEW = "fewer than two reachable hosts"
 
 
+def shown(check: str, ctx: DoctorContext) -> bool:
+    """Whether the table has a column for `check`: a check only some jobs have (it says it
+    skipped, once) has none for the others."""
+    if check == "checkpoint":
+        return ctx.checkpoint_dir is not None
+    if check == "restarts":
+        return ctx.max_restarts > 0
+    return True
+
+
 def run_doctor(ctx: DoctorContext, pool: HostPool,
                notice: Callable[[str], None] = lambda _: None) -> Report:
     """Gather, probe, check. Host failures become findings; nothing here raises for a host."""
@@ -54,7 +64,7 @@ def run_doctor(ctx: DoctorContext, pool: HostPool,
     if addressing.picked:
         notice(f"master_addr {addressing.master_addr}: {addressing.picked}")
     obs = Observations(ctx=ctx, facts=facts, failed=fan.failed, probes=probes)
-    checks = [name for name, _ in CHECKS if name != "checkpoint" or ctx.checkpoint_dir is not None]
+    checks = [name for name, _ in CHECKS if shown(name, ctx)]
     return Report(hosts=[h.name for h in ctx.hosts], checks=checks,
                   findings=run_checks(obs), unreachable=set(fan.failed),
                   elapsed_s=time.monotonic() - started, phases=phases)

@@ -34,6 +34,7 @@ def from_job(job: Job, master_port: int | None = None, timeout_s: float = 120.0,
         master_given=local_only or job.rendezvous.master_addr is not None or master_addr is not None,
         pick_interfaces=job.rendezvous.pick_interfaces,
         checkpoint_dir=job.restart.checkpoint_dir,
+        max_restarts=job.restart.max_restarts,
     )
 
 

@@ -80,6 +80,9 @@ class DoctorContext:
     # host -> the marker file it writes there for one doctor run (gather.checkpoint_markers)
     checkpoint_dir: str | None = None
     checkpoint_markers: Mapping[str, str] = field(default_factory=dict)
+    # [restart] max_restarts of the job file; above 0 the restarts check runs: does the first
+    # host's interpreter find ddpctl (`up --detach` runs the job's restarts from there)
+    max_restarts: int = 0
 
     @property
     def local_only(self) -> bool:

@@ -20,7 +20,7 @@ SYMBOL = {
 }
 SHOWN = (CheckStatus.FAIL, CheckStatus.WARN, CheckStatus.INFO)
 SHORT = {"python": "py", "versions": "ver", "workdir": "wdir", "firewall": "fw", "ifname": "if",
-         "clock": "clk", "checkpoint": "ckpt"}
+         "clock": "clk", "checkpoint": "ckpt", "restarts": "rst"}
 
 
 def table(report: Report) -> Table:

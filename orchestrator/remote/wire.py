@@ -152,6 +152,23 @@ def parse_checkpoint(d: Mapping[str, Any]) -> CheckpointFact:
                           d.get("cleanup_error"))
 
 
+@dataclass(frozen=True)
+class ModuleLookupFact:
+    """Whether a host's interpreter finds a module, looked up there without importing it (its
+    parent packages are imported): node_agent/torch_facts.py lookup_module."""
+
+    found: bool
+    origin: str | None  # the module's file where found
+    executable: str  # the interpreter that looked (its sys.executable)
+    error: str | None  # a parent package failed to import (then not found)
+
+
+def parse_module_lookup(d: Mapping[str, Any]) -> ModuleLookupFact:
+    origin, error = d.get("origin"), d.get("error")
+    return ModuleLookupFact(bool(d.get("found")), None if origin is None else str(origin),
+                            str(d.get("executable") or ""), None if error is None else str(error))
+
+
 # -- facts -------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -215,6 +232,13 @@ class HostFacts:
         session ended (the control plane merges that in: doctor/gather.py)."""
         ck = self.facts.get("checkpoint")
         return parse_checkpoint(ck) if isinstance(ck, Mapping) else None
+
+    @property
+    def ddpctl_lookup(self) -> ModuleLookupFact | None:
+        """Whether the inventory's interpreter here finds ddpctl's CLI (doctor asks the job's first
+        host, where `up --detach` runs a job's restarts)."""
+        found = self.facts.get("ddpctl_lookup")
+        return parse_module_lookup(found) if isinstance(found, Mapping) else None
 
 
 # -- supervise ---------------------------------------------------------------------------------

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import traceback
 
-from orchestrator.doctor.checks import agreement, checkpoint, clock, firewall, ifname, names, nccl, node, port
+from orchestrator.doctor.checks import agreement, checkpoint, clock, firewall, ifname, names, nccl, node, port, restarts
 from orchestrator.doctor.checks import ssh as ssh_check
 from orchestrator.doctor.checks.base import Check, fail
 from orchestrator.doctor.model import Finding, Observations
@@ -17,6 +17,7 @@ CHECKS: tuple[tuple[str, Check], ...] = (
     ("versions", agreement.check_versions),
     ("workdir", agreement.check_workdir),
     ("checkpoint", checkpoint.check),
+    ("restarts", restarts.check),
     ("firewall", firewall.check),
     ("port", port.check),
     ("ifname", ifname.check),
