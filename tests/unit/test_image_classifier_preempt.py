@@ -1,5 +1,7 @@
 """Preemption of the image classifier: SIGUSR1 through real torchrun (2 CPU ranks, gloo) stops every
-rank at one optimizer step with a checkpoint, and a Slurm restart resumes there, bit-identically."""
+rank at one optimizer step with a checkpoint, and a Slurm restart resumes there, bit-identically.
+A ddpctl restart (DDPCTL_ATTEMPT > 0) resumes too, from DDPCTL_CHECKPOINT_DIR when no
+--checkpoint-dir is given, and past a corrupt newest checkpoint (in process: one gloo rank)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -21,9 +23,12 @@ import pytest
 pytest.importorskip("torch")
 psutil = pytest.importorskip("psutil")
 
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
 from test_train_jobs_torchrun import JOBS, TIMEOUT_S, _env, field, rank_lines, stop_torchrun, torchrun  # noqa: E402
 
-from train_jobs.image_classifier import checkpoint  # noqa: E402
+from train_jobs import common  # noqa: E402
+from train_jobs.image_classifier import checkpoint, train  # noqa: E402
 from train_jobs.image_classifier.train import parse_args  # noqa: E402
 
 pytestmark = pytest.mark.torch
@@ -225,3 +230,177 @@ def test_a_bad_slurm_restart_count_is_named(bad: str, capsys: pytest.CaptureFixt
     with pytest.raises(SystemExit):
         parse_args([], {"SLURM_RESTART_COUNT": bad})
     assert f"SLURM_RESTART_COUNT={bad!r}" in capsys.readouterr().err
+
+
+PREV_FAILURE = "node1: rank 3 was killed (SIGKILL)"
+DDPCTL_VARS = ("DDPCTL_ATTEMPT", "DDPCTL_RUN_ID", "DDPCTL_PREV_FAILURE", "DDPCTL_CHECKPOINT_DIR")
+
+
+@pytest.mark.parametrize(
+    ("argv", "environ", "checkpoint_dir", "auto_resume"),
+    [
+        ([], {"DDPCTL_CHECKPOINT_DIR": "ck-env"}, Path("ck-env"), False),  # the flag is absent: the env's
+        (["--checkpoint-dir", "ck"], {"DDPCTL_CHECKPOINT_DIR": "ck-env"}, Path("ck"), False),  # the flag wins
+        ([], {"DDPCTL_CHECKPOINT_DIR": ""}, None, False),
+        ([], {"DDPCTL_CHECKPOINT_DIR": "ck-env", "DDPCTL_ATTEMPT": "0"}, Path("ck-env"), False),
+        ([], {"DDPCTL_CHECKPOINT_DIR": "ck-env", "DDPCTL_ATTEMPT": "1"}, Path("ck-env"), True),
+        (["--checkpoint-dir", "ck"], {"DDPCTL_ATTEMPT": "2"}, Path("ck"), True),
+        ([], {"DDPCTL_ATTEMPT": "2"}, None, False),  # nowhere to resume from
+        (["--resume"], {"DDPCTL_CHECKPOINT_DIR": "ck-env"}, Path("ck-env"), True),
+    ],
+)
+def test_ddpctl_variables_give_the_checkpoint_dir_and_resume_on_a_restart(
+    argv: list[str], environ: dict[str, str], checkpoint_dir: Path | None, auto_resume: bool
+) -> None:
+    args = parse_args(argv, environ)
+    assert (args.checkpoint_dir, args.auto_resume) == (checkpoint_dir, auto_resume)
+    assert args.attempt == int(environ.get("DDPCTL_ATTEMPT") or 0)
+
+
+def test_the_previous_failure_is_read_as_one_line() -> None:
+    assert parse_args([], {}).prev_failure is None
+    args = parse_args([], {"DDPCTL_ATTEMPT": "1", "DDPCTL_PREV_FAILURE": " node1:\n rank 3  killed "})
+    assert args.prev_failure == "node1: rank 3 killed"
+
+
+@pytest.mark.parametrize("bad", ["x", "-1", "1.5"])
+def test_a_bad_ddpctl_attempt_is_named(bad: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        parse_args([], {"DDPCTL_ATTEMPT": bad})
+    assert f"DDPCTL_ATTEMPT={bad!r}" in capsys.readouterr().err
+
+
+@pytest.fixture
+def one_rank(tmp_path: Path) -> Iterator[common.DistContext]:
+    """This process as the only rank of a gloo group: train.resume runs its collectives for real."""
+    dist.init_process_group("gloo", init_method=(tmp_path / "store").as_uri(), rank=0, world_size=1)
+    env = common.DistEnv(rank=0, local_rank=0, world_size=1, local_world_size=1, node_rank=0,
+                         master_addr="127.0.0.1", master_port=0)
+    try:
+        yield common.DistContext(env=env, device=torch.device("cpu"), backend="gloo")
+    finally:
+        dist.destroy_process_group()
+
+
+def _trainer(ctx: common.DistContext, args: train.TrainArgs) -> tuple[torch.nn.Module, torch.optim.Optimizer,
+                                                                      torch.amp.GradScaler]:
+    ddp = train.build_model(ctx, args)
+    opt = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=args.momentum)
+    return ddp, opt, torch.amp.GradScaler("cpu", enabled=False)
+
+
+def _first_weight(ddp: torch.nn.Module) -> float:
+    return float(next(ddp.module.parameters()).detach().view(-1)[0])
+
+
+def _save_epochs(ctx: common.DistContext, folder: Path, epochs: list[int], run_id: str | None = None) -> None:
+    """A checkpoint after each of `epochs`, the model's weights all set to the epoch number."""
+    args = parse_args(["--width", "4", "--checkpoint-dir", str(folder)], {})
+    ddp, opt, scaler = _trainer(ctx, args)
+    for epoch in epochs:
+        with torch.no_grad():
+            for p in ddp.module.parameters():
+                p.fill_(float(epoch))
+        at = checkpoint.Progress(epoch=epoch, totals=checkpoint.zero_totals(ctx.device))
+        checkpoint.save_run(ctx, folder, ddp.module, opt, scaler, at, [], args.seed, run_id)
+
+
+def _resume(ctx: common.DistContext, environ: dict[str, str], *argv: str) -> tuple[checkpoint.Resumed, float]:
+    args = parse_args(["--width", "4", *argv], environ)
+    ddp, opt, scaler = _trainer(ctx, args)
+    return train.resume(ctx, args, ddp, opt, scaler), _first_weight(ddp)
+
+
+def test_attempt_above_zero_resumes_from_the_env_checkpoint_dir(
+    one_rank: common.DistContext, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ck = tmp_path / "ck"
+    _save_epochs(one_rank, ck, [1, 2])
+    capsys.readouterr()
+    env = {"DDPCTL_CHECKPOINT_DIR": str(ck), "DDPCTL_ATTEMPT": "1", "DDPCTL_PREV_FAILURE": PREV_FAILURE}
+    resumed, weight = _resume(one_rank, env)
+    assert (resumed.at.epoch, resumed.path, weight) == (2, ck / "last.pt", 2.0)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-1] == f"resumed from {ck / 'last.pt'} at epoch=2 on attempt 1 after: {PREV_FAILURE}"
+    assert not [ln for ln in lines if "warning" in ln]
+
+    # the first attempt starts fresh, as without ddpctl: the checkpoint dir alone resumes nothing
+    fresh, weight = _resume(one_rank, {"DDPCTL_CHECKPOINT_DIR": str(ck), "DDPCTL_ATTEMPT": "0"})
+    assert (fresh.at.epoch, fresh.path, fresh.history) == (0, None, [])
+    assert weight != 2.0
+    assert "resume" not in capsys.readouterr().out
+
+
+def test_attempt_above_zero_without_a_checkpoint_starts_fresh_and_says_why(
+    one_rank: common.DistContext, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ck = tmp_path / "empty"
+    resumed, _ = _resume(one_rank, {"DDPCTL_CHECKPOINT_DIR": str(ck), "DDPCTL_ATTEMPT": "2"})
+    assert (resumed.at.epoch, resumed.path) == (0, None)
+    assert capsys.readouterr().out.splitlines() == [f"resume: no checkpoint in {ck}, starting fresh on attempt 2"]
+
+
+def test_a_corrupt_newest_checkpoint_falls_back_to_the_older_one(
+    one_rank: common.DistContext, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ck = tmp_path / "ck"
+    _save_epochs(one_rank, ck, [1, 2])
+    last = ck / "last.pt"
+    last.write_bytes(last.read_bytes()[: last.stat().st_size // 2])  # torn, as a non-atomic save leaves it
+    capsys.readouterr()
+    resumed, weight = _resume(one_rank, {"DDPCTL_CHECKPOINT_DIR": str(ck), "DDPCTL_ATTEMPT": "1"})
+    assert (resumed.at.epoch, resumed.path, weight) == (1, ck / "prev.pt", 1.0)
+    out = capsys.readouterr().out.splitlines()
+    warnings = [ln for ln in out if ln.startswith("checkpoint: warning: ")]
+    assert len(warnings) == 1 and f"{last} is unreadable (" in warnings[0], out
+    assert warnings[0].endswith(f"; using {ck / 'prev.pt'}")
+    assert out[-1] == f"resumed from {ck / 'prev.pt'} at epoch=1 on attempt 1"  # no DDPCTL_PREV_FAILURE: no "after"
+
+
+def test_a_restart_of_a_fresh_run_never_resumes_from_an_earlier_runs_checkpoint(
+    one_rank: common.DistContext, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ck = tmp_path / "ck"
+    _save_epochs(one_rank, ck, [4, 5], run_id="run-old")  # what an earlier run left there
+    capsys.readouterr()
+    env = {"DDPCTL_CHECKPOINT_DIR": str(ck), "DDPCTL_ATTEMPT": "1", "DDPCTL_RUN_ID": "run-new"}
+    resumed, _ = _resume(one_rank, env)
+    assert (resumed.at.epoch, resumed.path) == (0, None)
+    out = capsys.readouterr().out.splitlines()
+    assert [ln for ln in out if "was saved by run run-old, not by this run run-new" in ln] == out[:2], out
+    assert out[-1] == f"resume: no checkpoint in {ck}, starting fresh on attempt 1"
+
+    _save_epochs(one_rank, ck, [1], run_id="run-new")  # this run's attempt 0 got through epoch 0
+    resumed, weight = _resume(one_rank, env)
+    assert (resumed.at.epoch, resumed.path, weight) == (1, ck / "last.pt", 1.0)
+    (ck / "last.pt").write_bytes(b"torn")  # its fallback, prev.pt, is the earlier run's: not taken
+    resumed, _ = _resume(one_rank, env)
+    assert (resumed.at.epoch, resumed.path) == (0, None)
+    capsys.readouterr()
+
+    # --resume asks for whatever the directory holds, as without ddpctl
+    resumed, weight = _resume(one_rank, env, "--resume")
+    assert (resumed.at.epoch, resumed.path, weight) == (5, ck / "prev.pt", 5.0)
+
+
+def test_a_ddpctl_restart_under_torchrun_resumes_from_the_env_checkpoint_dir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("SLURM_RESTART_COUNT", *DDPCTL_VARS):
+        monkeypatch.delenv(name, raising=False)
+    ck = tmp_path / "ck"
+    monkeypatch.setenv("DDPCTL_CHECKPOINT_DIR", str(ck))
+    monkeypatch.setenv("DDPCTL_ATTEMPT", "0")
+    monkeypatch.setenv("DDPCTL_RUN_ID", "image_classifier-run-1")
+    first = torchrun(SCRIPT, *SMALL, "--epochs", "1")
+    assert first.returncode == 0, first.output[-3000:]
+    assert (ck / checkpoint.LAST).is_file() and "resume" not in first.output
+
+    monkeypatch.setenv("DDPCTL_ATTEMPT", "1")
+    monkeypatch.setenv("DDPCTL_PREV_FAILURE", PREV_FAILURE)
+    second = torchrun(SCRIPT, *SMALL, "--epochs", "2")
+    assert second.returncode == 0, second.output[-3000:]
+    assert f"resumed from {ck / 'last.pt'} at epoch=1 on attempt 1 after: {PREV_FAILURE}" in second.output.splitlines()
+    assert [e for e, *_ in epoch_figures(second.output)] == ["1"]  # epoch 0 was not run again
+    assert (ck / checkpoint.PREV).is_file()
+    assert checkpoint.load_last(ck)["run_id"] == "image_classifier-run-1"  # type: ignore[index]

@@ -159,6 +159,95 @@ def test_load_last_is_none_without_checkpoint(tmp_path: Path) -> None:
     assert checkpoint.load_last(tmp_path) is None
 
 
+def test_save_atomic_keeps_the_replaced_file_as_previous(tmp_path: Path) -> None:
+    checkpoint.save_atomic({"epoch": 1}, tmp_path, previous=checkpoint.PREV)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.pt"]  # nothing to keep yet
+    checkpoint.save_atomic({"epoch": 2}, tmp_path, previous=checkpoint.PREV)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.pt", "prev.pt"]
+    assert torch.load(tmp_path / "prev.pt", weights_only=False)["epoch"] == 1
+    assert torch.load(tmp_path / "last.pt", weights_only=False)["epoch"] == 2
+
+
+class _DiesMidSave:
+    def __reduce__(self) -> tuple[object, ...]:
+        raise OSError("no space left on device")
+
+
+def test_a_failed_save_leaves_last_and_prev_untouched(tmp_path: Path) -> None:
+    checkpoint.save_atomic({"epoch": 1}, tmp_path, previous=checkpoint.PREV)
+    checkpoint.save_atomic({"epoch": 2}, tmp_path, previous=checkpoint.PREV)
+    with pytest.raises(OSError, match="no space left"):  # dies while writing, like a host killed mid-save
+        checkpoint.save_atomic({"epoch": 3, "x": _DiesMidSave()}, tmp_path, previous=checkpoint.PREV)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.pt", "prev.pt"]  # no temp file left
+    found = checkpoint.load_latest(tmp_path, warn=pytest.fail)
+    assert found is not None and (found[0].name, found[1]["epoch"]) == ("last.pt", 2)
+
+
+@pytest.mark.parametrize("torn", [b"", b"PK\x03\x04 not a whole zip", b"\x80\x04garbage"])
+def test_load_latest_skips_a_corrupt_newest_checkpoint_for_the_older_one(tmp_path: Path, torn: bytes) -> None:
+    checkpoint.save_atomic({"epoch": 1}, tmp_path, previous=checkpoint.PREV)
+    checkpoint.save_atomic({"epoch": 2}, tmp_path, previous=checkpoint.PREV)
+    (tmp_path / "last.pt").write_bytes(torn)
+    warnings: list[str] = []
+    found = checkpoint.load_latest(tmp_path, warn=warnings.append)
+    assert found is not None
+    path, state = found
+    assert (path, state["epoch"]) == (tmp_path / "prev.pt", 1)
+    assert len(warnings) == 1
+    assert warnings[0].startswith(f"checkpoint: warning: {tmp_path / 'last.pt'} is unreadable (")
+    assert warnings[0].endswith(f"; using {tmp_path / 'prev.pt'}")
+
+
+def test_load_latest_uses_prev_when_a_save_was_interrupted_between_its_renames(tmp_path: Path) -> None:
+    checkpoint.save_atomic({"epoch": 1}, tmp_path, previous=checkpoint.PREV)
+    checkpoint.save_atomic({"epoch": 2}, tmp_path, previous=checkpoint.PREV)
+    (tmp_path / "last.pt").replace(tmp_path / "prev.pt")  # killed after this rename, before the new last.pt
+    warnings: list[str] = []
+    found = checkpoint.load_latest(tmp_path, warn=warnings.append)
+    assert found is not None and (found[0].name, found[1]["epoch"]) == ("prev.pt", 2)
+    assert warnings == [f"checkpoint: warning: {tmp_path / 'last.pt'} is missing (a save was interrupted?); "
+                        f"using {tmp_path / 'prev.pt'}"]
+
+
+def test_load_latest_skips_a_file_that_is_no_checkpoint(tmp_path: Path) -> None:
+    checkpoint.save_atomic({"epoch": 1}, tmp_path, previous=checkpoint.PREV)
+    checkpoint.save_atomic([1, 2], tmp_path, previous=checkpoint.PREV)  # type: ignore[arg-type]
+    warnings: list[str] = []
+    found = checkpoint.load_latest(tmp_path, warn=warnings.append)
+    assert found is not None and found[1] == {"epoch": 1}
+    assert len(warnings) == 1 and "holds a list, not a checkpoint" in warnings[0]
+
+
+def test_load_latest_with_a_run_id_skips_checkpoints_of_other_runs(tmp_path: Path) -> None:
+    checkpoint.save_atomic({"epoch": 1, "run_id": "a"}, tmp_path, previous=checkpoint.PREV)
+    checkpoint.save_atomic({"epoch": 2, "run_id": "b"}, tmp_path, previous=checkpoint.PREV)
+    warnings: list[str] = []
+    found = checkpoint.load_latest(tmp_path, warn=warnings.append, run_id="a")
+    assert found is not None and (found[0].name, found[1]["epoch"]) == ("prev.pt", 1)
+    assert warnings == [f"checkpoint: warning: {tmp_path / 'last.pt'} was saved by run b, not by this run a; "
+                        f"using {tmp_path / 'prev.pt'}"]
+    assert checkpoint.load_latest(tmp_path, warn=warnings.append, run_id="c") is None
+    found = checkpoint.load_latest(tmp_path, warn=pytest.fail)  # no run_id: any run's
+    assert found is not None and found[1]["epoch"] == 2
+
+
+def test_load_latest_is_none_with_a_warning_when_nothing_is_readable(tmp_path: Path) -> None:
+    (tmp_path / "last.pt").write_bytes(b"torn")
+    warnings: list[str] = []
+    assert checkpoint.load_latest(tmp_path, warn=warnings.append) is None
+    assert len(warnings) == 1 and warnings[0].endswith("no older checkpoint to fall back to")
+    assert checkpoint.load_latest(tmp_path / "absent", warn=pytest.fail) is None  # nothing there: no warning
+
+
+def test_load_last_falls_back_to_prev(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    checkpoint.save_atomic({"epoch": 1}, tmp_path, previous=checkpoint.PREV)
+    checkpoint.save_atomic({"epoch": 2}, tmp_path, previous=checkpoint.PREV)
+    (tmp_path / "last.pt").write_bytes(b"torn")
+    loaded = checkpoint.load_last(tmp_path)
+    assert loaded is not None and loaded["epoch"] == 1
+    assert "checkpoint: warning: " in capsys.readouterr().out
+
+
 def test_rng_state_roundtrip_reproduces_draws() -> None:
     state = checkpoint.rng_state()
     first = torch.rand(4)

@@ -7,7 +7,9 @@ Rank 0 prints one line per epoch and a final line:
   final acc=A loss=L epochs=N checksum=C
 and every rank prints common.rank_report_line (params_identical=..., checksum=...).
 
-With --checkpoint-dir DIR, rank 0 writes DIR/last.pt atomically after every epoch.
+With --checkpoint-dir DIR (default: $DDPCTL_CHECKPOINT_DIR, which ddpctl sets from the job file's
+[restart] checkpoint_dir), rank 0 writes DIR/last.pt atomically after every epoch, keeping the one
+it replaces as DIR/prev.pt: a resume that finds last.pt unreadable warns and uses prev.pt.
 
 Preemption: SIGUSR1 on any rank (torchrun forwards it to every worker when started with
 `--signals-to-handle SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1`; Slurm sends it before the time limit
@@ -19,11 +21,17 @@ and every rank exits 0 after rank 0 prints one of:
   preempted: no --checkpoint-dir, nothing saved
 A torchrun that received the signal itself still exits 1 (it re-raises it as SignalException).
 
-Resume: --resume, or automatically when SLURM_RESTART_COUNT > 0 (a requeued Slurm job) and
---checkpoint-dir holds a checkpoint. Rank 0 prints
+Resume: --resume, or automatically when SLURM_RESTART_COUNT > 0 (a requeued Slurm job) or
+DDPCTL_ATTEMPT > 0 (ddpctl restarted the job after a failure) and the checkpoint directory holds a
+checkpoint. Rank 0 prints
   resumed from checkpoint at epoch=E (restart N)   (N: SLURM_RESTART_COUNT, 0 for --resume)
-and the run continues mid-epoch where it stopped: with the same world size it ends with exactly
-the checksum of an uninterrupted run.
+or, on a ddpctl restart,
+  resumed from DIR/last.pt at epoch=E on attempt N after: <DDPCTL_PREV_FAILURE>
+(E: the epoch the run continues; " after: ..." only when DDPCTL_PREV_FAILURE is set) and the run
+continues mid-epoch where it stopped: with the same world size it ends with exactly the checksum
+of an uninterrupted run. Checkpoints carry DDPCTL_RUN_ID: a ddpctl restart of a run that started
+fresh (no --resume) resumes only from one its own attempts saved, never from what an earlier run
+left in the directory.
 """
 
 from __future__ import annotations
@@ -77,14 +85,24 @@ class TrainArgs:
     train_size: int
     test_size: int
     seed: int
-    checkpoint_dir: Path | None
+    checkpoint_dir: Path | None  # --checkpoint-dir, else DDPCTL_CHECKPOINT_DIR
     resume: bool
     restart: int  # SLURM_RESTART_COUNT: 0 on the first run, n on the n-th requeue
+    attempt: int = 0  # DDPCTL_ATTEMPT: 0 on the first attempt, n on ddpctl's n-th restart
+    prev_failure: str | None = None  # DDPCTL_PREV_FAILURE: why the attempt before failed
+    run_id: str | None = None  # DDPCTL_RUN_ID: the same for every attempt; stamped on checkpoints
 
     @property
     def auto_resume(self) -> bool:
-        """--resume, or a requeued Slurm job that has somewhere to resume from."""
-        return self.resume or (self.restart > 0 and self.checkpoint_dir is not None)
+        """--resume, or a requeued Slurm job or restarted ddpctl job that has somewhere to resume from."""
+        return self.resume or ((self.restart > 0 or self.attempt > 0) and self.checkpoint_dir is not None)
+
+    @property
+    def resume_run_only(self) -> str | None:
+        """The run whose checkpoints a resume may use: on a ddpctl restart of a run that started
+        fresh (no --resume, no Slurm requeue), only the ones this run saved, never a stale
+        checkpoint an earlier run left in the directory. None: any."""
+        return self.run_id if self.attempt > 0 and not self.resume and self.restart == 0 else None
 
 
 @dataclass(frozen=True)
@@ -117,18 +135,34 @@ class PreemptFlag:
         return bool(flag.item())
 
 
-def restart_count(environ: Mapping[str, str]) -> int:
-    """SLURM_RESTART_COUNT (Slurm sets it on a requeued job); 0 when unset or empty."""
-    raw = environ.get("SLURM_RESTART_COUNT", "").strip()
+ATTEMPT_ENV = "DDPCTL_ATTEMPT"  # ddpctl: 0, 1, ... (orchestrator/launch/plan.py)
+PREV_FAILURE_ENV = "DDPCTL_PREV_FAILURE"  # ddpctl: one line, on attempts after the first
+RUN_ID_ENV = "DDPCTL_RUN_ID"  # ddpctl: the same for every attempt of a run
+CHECKPOINT_DIR_ENV = "DDPCTL_CHECKPOINT_DIR"  # ddpctl: [restart] checkpoint_dir
+
+
+def _count(environ: Mapping[str, str], name: str) -> int:
+    """A whole number >= 0 from environ[name]; 0 when unset or empty."""
+    raw = environ.get(name, "").strip()
     if not raw:
         return 0
     try:
         count = int(raw)
     except ValueError:
-        raise ValueError(f"SLURM_RESTART_COUNT={raw!r} is not a whole number") from None
+        raise ValueError(f"{name}={raw!r} is not a whole number") from None
     if count < 0:
-        raise ValueError(f"SLURM_RESTART_COUNT={raw!r} is negative")
+        raise ValueError(f"{name}={raw!r} is negative")
     return count
+
+
+def restart_count(environ: Mapping[str, str]) -> int:
+    """SLURM_RESTART_COUNT (Slurm sets it on a requeued job); 0 when unset or empty."""
+    return _count(environ, "SLURM_RESTART_COUNT")
+
+
+def attempt_number(environ: Mapping[str, str]) -> int:
+    """DDPCTL_ATTEMPT (ddpctl sets it on every rank: 0, then 1, 2, ... on restarts); 0 when unset or empty."""
+    return _count(environ, ATTEMPT_ENV)
 
 
 def parse_args(argv: list[str], environ: Mapping[str, str] = os.environ) -> TrainArgs:
@@ -151,9 +185,11 @@ def parse_args(argv: list[str], environ: Mapping[str, str] = os.environ) -> Trai
     p.add_argument(
         "--resume",
         action="store_true",
-        help="continue from checkpoint-dir/last.pt (implied when SLURM_RESTART_COUNT > 0)",
+        help="continue from checkpoint-dir/last.pt (implied when SLURM_RESTART_COUNT > 0 or DDPCTL_ATTEMPT > 0)",
     )
     ns = p.parse_args(argv)
+    if ns.checkpoint_dir is None and environ.get(CHECKPOINT_DIR_ENV, "").strip():
+        ns.checkpoint_dir = Path(environ[CHECKPOINT_DIR_ENV].strip())  # relative: to the job's workdir (cwd)
     if ns.resume and ns.checkpoint_dir is None:
         p.error("--resume needs --checkpoint-dir DIR (where last.pt was saved)")
     if ns.accum_steps < 1:
@@ -162,7 +198,13 @@ def parse_args(argv: list[str], environ: Mapping[str, str] = os.environ) -> Trai
         restart = restart_count(environ)
     except ValueError as e:
         p.error(f"{e}: unset it or set it to 0, 1, 2, ... (Slurm's restart count)")
-    return TrainArgs(**vars(ns), restart=restart)
+    try:
+        attempt = attempt_number(environ)
+    except ValueError as e:
+        p.error(f"{e}: unset it or set it to 0, 1, 2, ... (ddpctl's attempt number)")
+    prev_failure = " ".join(environ.get(PREV_FAILURE_ENV, "").split()) or None  # one line
+    run_id = environ.get(RUN_ID_ENV, "").strip() or None
+    return TrainArgs(**vars(ns), restart=restart, attempt=attempt, prev_failure=prev_failure, run_id=run_id)
 
 
 def build_model(ctx: common.DistContext, args: TrainArgs) -> DistributedDataParallel:
@@ -283,18 +325,32 @@ def resume(
     opt: torch.optim.Optimizer,
     scaler: torch.amp.GradScaler,
 ) -> ckpt.Resumed:
-    """Where the run starts: the checkpoint's position (--resume, or a requeued Slurm job), else epoch 0."""
+    """Where the run starts: the checkpoint's position (--resume, a requeued Slurm job or a ddpctl
+    restart), else epoch 0."""
     fresh = ckpt.Resumed(at=ckpt.Progress(epoch=0, totals=ckpt.zero_totals(ctx.device)))
+    after = f" after: {args.prev_failure}" if args.prev_failure else ""
     if args.checkpoint_dir is None or not args.auto_resume:
-        if args.restart > 0:
+        if args.attempt > 0:
+            common.print0(ctx, f"attempt {args.attempt}: no --checkpoint-dir nor {CHECKPOINT_DIR_ENV} to resume "
+                               f"from, starting fresh{after}")
+        elif args.restart > 0:
             common.print0(ctx, f"restart {args.restart}: no --checkpoint-dir to resume from, starting fresh")
         return fresh
-    resumed = ckpt.restore_run(ctx, args.checkpoint_dir, ddp.module, opt, scaler, args.seed)
+    resumed = ckpt.restore_run(ctx, args.checkpoint_dir, ddp.module, opt, scaler, args.seed, args.resume_run_only)
     if resumed is None:
-        common.print0(ctx, f"resume: no checkpoint in {args.checkpoint_dir}, starting fresh")
+        on = f" on attempt {args.attempt}{after}" if args.attempt > 0 else ""
+        common.print0(ctx, f"resume: no checkpoint in {args.checkpoint_dir}, starting fresh{on}")
         return fresh
-    common.print0(ctx, f"resumed from checkpoint at epoch={resumed.at.epoch} (restart {args.restart})")
+    common.print0(ctx, resumed_line(args, resumed))
     return resumed
+
+
+def resumed_line(args: TrainArgs, resumed: ckpt.Resumed) -> str:
+    """What rank 0 prints on resuming (E: the epoch the run continues)."""
+    if args.attempt > 0:  # a ddpctl restart
+        after = f" after: {args.prev_failure}" if args.prev_failure else ""
+        return f"resumed from {resumed.path} at epoch={resumed.at.epoch} on attempt {args.attempt}{after}"
+    return f"resumed from checkpoint at epoch={resumed.at.epoch} (restart {args.restart})"
 
 
 def stop_preempted(
@@ -310,7 +366,7 @@ def stop_preempted(
     if args.checkpoint_dir is None:
         line = "preempted: no --checkpoint-dir, nothing saved"
     else:
-        ckpt.save_run(ctx, args.checkpoint_dir, ddp.module, opt, scaler, at, history, args.seed)
+        ckpt.save_run(ctx, args.checkpoint_dir, ddp.module, opt, scaler, at, history, args.seed, args.run_id)
         line = f"preempted: checkpoint saved at epoch={at.epoch}"
     dist.barrier()
     common.print0(ctx, line)
@@ -347,7 +403,7 @@ def run(ctx: common.DistContext, args: TrainArgs, preempt: PreemptFlag) -> int:
         common.print0(ctx, epoch_line(at.epoch, stats, acc))
         at = ckpt.Progress(epoch=at.epoch + 1, totals=ckpt.zero_totals(ctx.device))
         if args.checkpoint_dir is not None:
-            ckpt.save_run(ctx, args.checkpoint_dir, ddp.module, opt, scaler, at, history, args.seed)
+            ckpt.save_run(ctx, args.checkpoint_dir, ddp.module, opt, scaler, at, history, args.seed, args.run_id)
     check = common.check_params_identical(ctx, ddp.module.parameters())
     common.emit(common.rank_report_line(ctx, check))
     last = history[-1] if history else {"loss": float("nan"), "acc": float("nan")}
