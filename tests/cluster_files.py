@@ -120,8 +120,9 @@ def write_ssh_config(path: Path, hosts: Sequence[tuple[str, str]], port: int, ke
     path.write_text("\n".join(blocks))
 
 
-def write_hosts_toml(path: Path, hosts: Sequence[tuple[str, str]], python: str) -> None:
-    """The inventory: root on every host, this machine's interpreter (shared filesystem)."""
+def write_hosts_toml(path: Path, hosts: Sequence[tuple[str, str]], python: str, spares: Sequence[str] = ()) -> None:
+    """The inventory: root on every host, this machine's interpreter (shared filesystem); the
+    hosts named in `spares` wait for a restart (spare = true)."""
     lines = [
         "# Written by tests/cluster.py: a namespace cluster on this machine.",
         "[defaults]",
@@ -130,6 +131,7 @@ def write_hosts_toml(path: Path, hosts: Sequence[tuple[str, str]], python: str) 
     ]
     for name, address in hosts:
         lines += ["", "[[hosts]]", f"name = {json.dumps(name)}", f"address = {json.dumps(address)}"]
+        lines += ["spare = true"] if name in spares else []
     path.write_text("\n".join(lines) + "\n")
 
 

@@ -1,7 +1,8 @@
 """Restarts on the real cluster (orchestrator/launch/restart.py): a host killed, a host that exits
 with a listed host-fault code, a spare that fails the pre-launch checks, a job that shrinks, a
-deterministic bug, a budget spent and Ctrl-C in a backoff. The job saves a checkpoint every few
-steps into DDPCTL_CHECKPOINT_DIR and resumes from it. Every test ends with no job process left."""
+deterministic bug, a budget spent, Ctrl-C in a backoff, a detached run. The job
+(train_jobs/resumable.py) saves a checkpoint every few steps into DDPCTL_CHECKPOINT_DIR and resumes
+from it. Every test ends with no job process left."""
 
 from __future__ import annotations
 
@@ -19,68 +20,34 @@ import psutil
 import pytest
 
 from tests.cluster import Cluster
+from tests.cluster_files import write_hosts_toml
 from tests.cluster_sys import kill_netns
 from tests.ddpctl_run import ddpctl_argv, run_ddpctl, ssh_args, wait_for
 
 pytestmark = pytest.mark.cluster
 
-# total steps, seconds per step, checkpoint every N steps, then the fault: at step F, on host H,
-# how ("raise", "raise-per-attempt" or an exit code), on which attempts ("0", "0,1" or "all").
-TRAIN = textwrap.dedent("""\
-    import os, socket, sys, time
-    import torch
-    import torch.distributed as dist
-
-    total, delay, every, fail_at = int(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-    fail_host, how, attempts = sys.argv[5], sys.argv[6], sys.argv[7]
-    attempt = int(os.environ["DDPCTL_ATTEMPT"])
-    dist.init_process_group("gloo")
-    rank = dist.get_rank()
-    path = os.path.join(os.environ["DDPCTL_CHECKPOINT_DIR"], "ckpt.pt")
-    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    start = 0
-    if os.path.exists(path):
-        state = torch.load(path)
-        model.module.load_state_dict(state["model"])
-        start = state["step"]
-    print(f"attempt {attempt} rank {rank} on {socket.gethostname()} resumes at step {start}; "
-          f"previous failure: {os.environ.get('DDPCTL_PREV_FAILURE', '-')}", flush=True)
-    for step in range(start, total):
-        if step == fail_at and socket.gethostname() == fail_host and \\
-                (attempts == "all" or str(attempt) in attempts.split(",")):
-            if how == "raise":
-                raise ValueError(f"bad batch at step {step}")
-            if how == "raise-per-attempt":
-                raise ValueError(f"flaky read in attempt {attempt}")
-            sys.exit(int(how))
-        opt.zero_grad()
-        model(torch.ones(2, 4)).sum().backward()
-        opt.step()
-        print(f"rank {rank} step {step}", flush=True)
-        if rank == 0 and (step + 1) % every == 0:
-            torch.save({"model": model.module.state_dict(), "step": step + 1}, path + ".tmp")
-            os.replace(path + ".tmp", path)
-        time.sleep(delay)
-    dist.destroy_process_group()
-    """)
+RESUMABLE = Path(__file__).resolve().parents[2] / "train_jobs" / "resumable.py"
 NEVER = "-"
 
 
 def inventory(cluster: Cluster, path: Path, spares: Sequence[int] = ()) -> Path:
-    lines = ["[defaults]", 'user = "root"', f"python = {json.dumps(sys.executable)}"]
-    for i, host in enumerate(cluster.hosts):
-        lines += ["", "[[hosts]]", f"name = {json.dumps(host.name)}", f"address = {json.dumps(host.address)}"]
-        if i in spares:
-            lines.append("spare = true")
-    path.write_text("\n".join(lines) + "\n")
+    write_hosts_toml(path, [(h.name, h.address) for h in cluster.hosts], sys.executable,
+                     [cluster.hosts[i].name for i in spares])
     return path
+
+
+def train_args(steps: int, delay: float, every: int, fail_at: int, fail_host: str, how: str,
+               attempts: str) -> list[str]:
+    """train_jobs/resumable.py's flags: the run's steps, each step's sleep, a checkpoint every N
+    steps, then the fault: at which step, on which host, how, on which attempts."""
+    return ["--steps", str(steps), "--delay", str(delay), "--every", str(every), "--fail-at", str(fail_at),
+            "--fail-host", fail_host, "--fail-how", how, "--fail-attempts", attempts]
 
 
 def job_file(tmp_path: Path, cluster: Cluster, name: str, args: Sequence[object], *, spares: Sequence[int] = (),
              restart: str = "max_restarts = 2", supervise: str = "") -> Path:
-    script = tmp_path / "train.py"
-    script.write_text(TRAIN)
+    """A job of train_jobs/resumable.py (`args`: train_args's) with a [restart] table."""
+    script = RESUMABLE
     (tmp_path / "ckpt").mkdir(exist_ok=True)
     hosts = inventory(cluster, tmp_path / "hosts.toml", spares)
     text = textwrap.dedent(f"""\
@@ -88,7 +55,7 @@ def job_file(tmp_path: Path, cluster: Cluster, name: str, args: Sequence[object]
         [job]
         name = {json.dumps(name)}
         script = {json.dumps(str(script))}
-        args = {json.dumps([str(a) for a in args])}
+        args = {json.dumps(train_args(*args))}
         nproc_per_node = 1
         [rendezvous]
         master_port = "auto"
