@@ -244,3 +244,27 @@ def test_a_detached_job_is_restarted_from_its_first_host_and_down_ends_the_loop_
     assert summary["excluded"][0]["host"] == "node1" and summary["exit_code"] == 128 + signal.SIGTERM
     wait_for(lambda: no_attempt_left(cluster, summary, [0, 2]), 30, "no job process left")
     assert not running(int(found.group(2)))  # the loop itself is gone
+
+
+def test_a_link_down_for_good_is_lost_after_lost_after_and_a_spare_takes_over(
+        make_cluster: Callable[[int], Cluster], tmp_path: Path) -> None:
+    cluster = make_cluster(3)
+    job = job_file(tmp_path, cluster, "link-down", [30, 0.15, 5, -1, NEVER, "raise", "0"], spares=[2],
+                   supervise="[supervise]\nlost_after = 10\n")  # the test waits on it: shortened
+    proc, runs, out = start(job, tmp_path, cluster)
+    wait_for(lambda: "rank 1 step 7" in out.read_text(), 120, "step 7")
+    cluster.link_down(1)
+    try:
+        code = finish(proc)
+        text = out.read_text()
+        assert code == 0, text[-4000:]
+        lost = r"leaving node1 out of attempt 1 on: node1 lost at \S+: no contact with node1 for 10s"
+        assert re.search(lost, text), text[-4000:]
+        summary = run_summary(runs)
+        assert [a["hosts"] for a in summary["attempts"]] == [["node0", "node1"], ["node0", "node2"]]
+        assert "attempt 1 rank 1 on node2 resumes at step" in text
+        wait_for(lambda: no_attempt_left(cluster, summary, [0, 2]), 30, "no job process left")
+        # node1, cut off, ends its own part when it stops hearing from `up` (1.5 x lost_after)
+        wait_for(lambda: not cluster.job_pids(1, summary["attempts"][0]["job_id"]), 30, "node1 to end its ranks")
+    finally:
+        cluster.link_up(1)
