@@ -55,6 +55,7 @@ HARDWARE = re.compile(r"\bXid\b|\bECC error|uncorrectable ECC|fallen off the bus
 NCCL_SYSTEM = re.compile(r"unhandled system error", re.IGNORECASE)
 # torchrun's report of a worker ended by a signal ("exitcode  : -9", "Signal 9 (SIGKILL) received").
 KILLED = re.compile(r"exitcode\s*:\s*-9\b|Signal 9 \(SIGKILL\)")
+KILLED_CODES = (-9, 128 + 9, 256 - 9)  # a host's torchrun itself SIGKILLed: as Python, a shell, an exit status
 EXITCODE = re.compile(r"exitcode\s*:\s*(\d+)\b")
 FRAME = re.compile(r'File "([^"]+)", line (\d+)')
 
@@ -199,7 +200,7 @@ def _faulty_hosts(result: RunResult, job: Job) -> list[tuple[str, str]]:
         listed = sorted(exits & codes)
         if hardware:
             found.append((run.host, f"hardware error in its output: {_line_of(text, hardware)}"))
-        elif KILLED.search(text):
+        elif KILLED.search(text) or run.exit_code in KILLED_CODES:
             found.append((run.host, "a rank was killed (SIGKILL: out of memory, or killed on the host)"))
         elif listed:
             found.append((run.host, f"a rank exited with code {listed[0]}, listed in [restart] host_fault_exit_codes"))

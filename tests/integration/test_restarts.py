@@ -7,6 +7,7 @@ from it. Every test ends with no job process left."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -268,3 +269,24 @@ def test_a_link_down_for_good_is_lost_after_lost_after_and_a_spare_takes_over(
         wait_for(lambda: not cluster.job_pids(1, summary["attempts"][0]["job_id"]), 30, "node1 to end its ranks")
     finally:
         cluster.link_up(1)
+
+
+def test_a_rank_killed_by_sigkill_is_a_host_fault(make_cluster: Callable[[int], Cluster], tmp_path: Path) -> None:
+    """As the OOM killer does: one rank of node1 SIGKILLed; torchrun there reports exitcode -9."""
+    cluster = make_cluster(3)
+    job = job_file(tmp_path, cluster, "oom", [30, 0.15, 5, -1, NEVER, "raise", "0"], spares=[2])
+    proc, runs, out = start(job, tmp_path, cluster)
+    wait_for(lambda: "rank 1 step 7" in out.read_text(), 120, "step 7")
+    run_id = next(runs.iterdir()).name
+    argv = {pid: Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") for pid in cluster.job_pids(1, f"{run_id}.0")}
+    ranks = [pid for pid, args in argv.items()  # python -u rankwrap.py script ... (torchrun's argv names it too)
+             if not args[1].endswith(b"torchrun") and any(a.endswith(b"rankwrap.py") for a in args[1:3])]
+    assert ranks, "no rank process on node1"
+    os.kill(ranks[0], signal.SIGKILL)
+    code = finish(proc)
+    text = out.read_text()
+    assert code == 0, text[-4000:]
+    assert re.search(r"leaving node1 out of attempt 1 on: a rank was killed \(SIGKILL", text), text[-4000:]
+    summary = run_summary(runs)
+    assert [a["hosts"] for a in summary["attempts"]] == [["node0", "node1"], ["node0", "node2"]]
+    wait_for(lambda: no_attempt_left(cluster, summary, [0, 1, 2]), 30, "no job process left")

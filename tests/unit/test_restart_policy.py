@@ -452,3 +452,12 @@ def test_a_peers_death_before_any_step_on_the_first_attempt_is_not_deterministic
     peer_died = error("Connection closed by peer", kind="DistNetworkError")
     assert classify(result(peer_died, steps=None), make_job(), 0, []).kind is Failure.ERROR
     assert classify(result(None, steps=None, hung=True), make_job(), 0, []).kind is Failure.ERROR
+
+
+@pytest.mark.parametrize("code", [-9, 137, 247])
+def test_a_hosts_torchrun_killed_by_sigkill_is_a_host_fault(code: int) -> None:
+    res = result(error("Connection closed by peer", kind="DistNetworkError", step=9), steps=9)
+    res.hosts[2].exit_code = code  # c's torchrun itself was SIGKILLed: no report, only its status
+    verdict = classify(res, make_job(), 1, [])
+    assert (verdict.kind, verdict.hosts) == (Failure.HOST_FAULT, ("c",))
+    assert "killed (SIGKILL" in verdict.reason
