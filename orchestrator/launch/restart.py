@@ -98,16 +98,18 @@ class AttemptRecord:
     started_at: float
     ended_at: float | None = None
     exit_code: int | None = None
-    verdict: Verdict | None = None  # None: it succeeded (or never started: `started` False)
+    verdict: Verdict | None = None  # None: it succeeded
     steps: int | None = None
     checkpointed: bool = False
     master: str | None = None
+    root_cause: str | None = None  # the first rank error in time: "rank 1 on node1: ValueError: ..."
 
     def to_json(self) -> dict[str, object]:
         v = self.verdict
         return {"attempt": self.number, "job_id": self.job_id, "hosts": self.hosts, "master": self.master,
                 "run_dir": str(self.run_dir), "started_at": self.started_at, "ended_at": self.ended_at,
                 "exit_code": self.exit_code, "steps": self.steps, "checkpointed": self.checkpointed,
+                "root_cause": self.root_cause,
                 "failure": None if v is None else {"class": v.kind.value, "reason": v.reason,
                                                    "hosts": list(v.hosts), "step": v.step}}
 
@@ -169,12 +171,10 @@ def classify(result: RunResult, job: Job, number: int, previous: Sequence[Attemp
         what = result.cause.splitlines()[0] if result.cause else "the job hung" if result.hung else \
             _host_failure(result)
         return _repeated(Verdict(Failure.ERROR, what, signature=("job", what)), result, number, previous)
-    rank = result.rank_of(root)
     error = root.error
-    where = f"rank {rank if rank is not None else '?'} on {root.host}"
-    return _repeated(Verdict(Failure.ERROR, f"{where}: {error.summary}", signature=(error.kind, error.message,
-                                                                                  _raised_at(error.traceback)),
-                             step=error.step), result, number, previous)
+    signature = (error.kind, error.message, _raised_at(error.traceback))
+    verdict = Verdict(Failure.ERROR, _root_cause(result) or error.summary, signature=signature, step=error.step)
+    return _repeated(verdict, result, number, previous)
 
 
 def _host_failure(result: RunResult) -> str:
@@ -364,7 +364,8 @@ class Restarts:
                 return self.stop(f"not restarting: attempt {number} could not start: {exc}", 1)
             record = AttemptRecord(number, attempt.job_id, [h.name for h in job.hosts], attempt.run_dir, started,
                                    time.time(), result.exit_code, steps=result.steps,
-                                   checkpointed=result.checkpointed, master=job.master_host.name)
+                                   checkpointed=result.checkpointed, master=job.master_host.name,
+                                   root_cause=_root_cause(result))
             self.run.attempts.append(record)
             self.run.result = result
             if result.ok:
@@ -403,6 +404,14 @@ class Restarts:
         self.run.reason, self.run.exit_code = None, 0
         self.run.write_summary()
         return self.run
+
+
+def _root_cause(result: RunResult) -> str | None:
+    root = result.root_cause
+    if root is None:
+        return None
+    rank = result.rank_of(root)
+    return f"rank {rank if rank is not None else '?'} on {root.host}: {root.error.summary}"
 
 
 def _hosts_failed(exc: Exception) -> dict[str, str]:
