@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import os
 import pwd
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing is for the checker only (node_agent/__init__.py)
     from typing import Dict, Iterator, List, Optional
 
-# Fields after the comm's closing ")" (proc(5) numbers them from 3): 0 is state, 19 starttime.
-_STATE, _PPID, _PGRP, _STARTTIME = 0, 1, 2, 19
+# Fields after the comm's closing ")" (proc(5) numbers them from 3): 0 is state, 19 starttime,
+# 49 exit_code (Linux >= 3.5: a zombie's status as waitpid reports it).
+_STATE, _PPID, _PGRP, _STARTTIME, _EXIT_CODE = 0, 1, 2, 19, 49
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,15 @@ class ProcStat:
     ppid: int
     pgrp: int
     start_ticks: int  # clock ticks after boot; with the pid, it names one process across pid reuse
+    # a zombie's wait status (0 for a live process; None: the kernel shows none); not part of its identity
+    exit_status: Optional[int] = field(default=None, compare=False)
+
+    @property
+    def killed_by(self) -> Optional[int]:
+        """The signal that ended a zombie (None: alive, exited normally, or not shown)."""
+        if self.state != "Z" or not self.exit_status:
+            return None
+        return (self.exit_status & 0x7F) or None
 
 
 def parse_stat(line: str) -> ProcStat:
@@ -35,7 +45,8 @@ def parse_stat(line: str) -> ProcStat:
     if not paren or not open_paren or len(fields) <= _STARTTIME:
         raise ValueError("not a line of /proc/PID/stat: %r" % line[:120])
     return ProcStat(pid=int(pid), comm=comm, state=fields[_STATE], ppid=int(fields[_PPID]),
-                    pgrp=int(fields[_PGRP]), start_ticks=int(fields[_STARTTIME]))
+                    pgrp=int(fields[_PGRP]), start_ticks=int(fields[_STARTTIME]),
+                    exit_status=int(fields[_EXIT_CODE]) if len(fields) > _EXIT_CODE else None)
 
 
 def read_stat(pid: int) -> Optional[ProcStat]:

@@ -35,6 +35,7 @@ import time
 from node_agent.attach import listen, serve
 from node_agent.lines import whole_lines
 from node_agent.nccl_log import parse_files
+from node_agent.procfs import read_stat
 from node_agent.protocol import emit_event
 from node_agent.ranklogs import RankLogs
 from node_agent.runstate import (
@@ -48,6 +49,7 @@ from node_agent.runstate import (
     state_dir,
     write_json_atomic,
 )
+from node_agent.torchrun import STOPPING, record_killed
 from node_agent.uplink import Sink, Uplink, event_line
 
 TYPE_CHECKING = False
@@ -144,6 +146,21 @@ class Supervisor:
                 self.uplink.event("rank", **record)
             if record.get("phase") == "error":
                 self.rank_failed(record)
+        if self.proc is not None and self.proc.poll() is None:
+            self.record_killed_ranks()
+
+    def record_killed_ranks(self) -> None:
+        """A rank whose process is a zombie that a signal ended (torchrun has not reaped it yet):
+        its `ended` record (node_agent/torchrun.py writes the same once it has reaped it)."""
+        if self.stopping.is_set():
+            return
+        for name, started in list(self.rank_records.items()):
+            if not name.endswith(".started") or not isinstance(started.get("pid"), int):
+                continue
+            stat = read_stat(int(started["pid"]))
+            if stat is not None and stat.killed_by:
+                record_killed(str(self.rank_dir), int(started.get("local_rank", 0)), int(started["pid"]),
+                              stat.killed_by, "supervisor")
 
     def _step_changed(self, name: str) -> bool:
         """A rank's `step` record is rewritten as it goes (the others are written once)."""
@@ -242,6 +259,9 @@ class Supervisor:
         may still need the rendezvous store torchrun serves on the master."""
         if self.stopping.is_set() and not force:
             return
+        self.record_killed_ranks()  # what ended a rank before we end the rest
+        with contextlib.suppress(OSError):
+            (self.dir / STOPPING).touch()  # from now on, a rank ended by a signal is ours
         self.stopping.set()
         self.stop_reason = self.stop_reason or reason
         assert self.proc is not None
@@ -334,7 +354,7 @@ class Supervisor:
         """Every rank's error, earliest first: the wrapper's records, and torchelastic's error
         files (from @record) for ranks the wrapper has no record of."""
         errors = [dict(r, timestamp=r.get("time"), file=str(self.rank_dir / name))
-                  for name, r in self.rank_records.items() if r.get("phase") == "error"]
+                  for name, r in self.rank_records.items() if r.get("phase") in ("error", "ended")]
         recorded = {e.get("local_rank") for e in errors}
         errors += [e for e in self.error_files() if e["local_rank"] not in recorded]
         return sorted(errors, key=lambda e: e.get("timestamp") or 0.0)

@@ -200,7 +200,8 @@ def _faulty_hosts(result: RunResult, job: Job) -> list[tuple[str, str]]:
         listed = sorted(exits & codes)
         if hardware:
             found.append((run.host, f"hardware error in its output: {_line_of(text, hardware)}"))
-        elif KILLED.search(text) or run.exit_code in KILLED_CODES:
+        elif KILLED.search(text) or run.exit_code in KILLED_CODES or \
+                (root is not None and root.host == run.host and root.error.kind == "SIGKILL"):
             found.append((run.host, "a rank was killed (SIGKILL: out of memory, or killed on the host)"))
         elif listed:
             found.append((run.host, f"a rank exited with code {listed[0]}, listed in [restart] host_fault_exit_codes"))

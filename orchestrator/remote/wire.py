@@ -285,11 +285,16 @@ class RankPhase:
     step: int | None = None  # with phase "step" (and "error"): its optimizer steps so far
 
 
+# A rank's own end: its exception ("error", the rank wrapper's), or the signal that ended it ("ended",
+# torchrun's or the node supervisor's, when it left no error: the OOM killer's SIGKILL, a SIGSEGV).
+RANK_ENDS = ("error", "ended")
+
+
 def parse_rank_phase(fields: Mapping[str, Any]) -> RankPhase:
     rank = _int_or_none(fields.get("rank"))
     phase = str(fields.get("phase") or "")
     return RankPhase(_int_or_none(fields.get("local_rank")), rank if rank is not None and rank >= 0 else None,
-                     phase, fields.get("time"), parse_rank_error(fields) if phase == "error" else None,
+                     phase, fields.get("time"), parse_rank_error(fields) if phase in RANK_ENDS else None,
                      _int_or_none(fields.get("step")))
 
 

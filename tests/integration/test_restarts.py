@@ -288,5 +288,7 @@ def test_a_rank_killed_by_sigkill_is_a_host_fault(make_cluster: Callable[[int], 
     assert code == 0, text[-4000:]
     assert re.search(r"leaving node1 out of attempt 1 on: a rank was killed \(SIGKILL", text), text[-4000:]
     summary = run_summary(runs)
+    # the cause, not the peer's "connection reset": node1's torchrun (or supervisor) said what ended the rank
+    assert summary["attempts"][0]["root_cause"].startswith("rank 1 on node1: SIGKILL: the rank was ended by SIGKILL")
     assert [a["hosts"] for a in summary["attempts"]] == [["node0", "node1"], ["node0", "node2"]]
     wait_for(lambda: no_attempt_left(cluster, summary, [0, 1, 2]), 30, "no job process left")

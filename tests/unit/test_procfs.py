@@ -75,3 +75,20 @@ def test_read_stat_of_a_reaped_process_is_none() -> None:
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     proc.wait(timeout=30)
     assert read_stat(proc.pid) is None
+
+
+# state ... starttime 5000 (field 22), then fields 23..51 zero, and field 52: the wait status
+KILLED_ZOMBIE = ("4243 (python3) Z 4200 4200 10003 0 -1 4227148 0 0 0 0 0 0 0 0 20 0 1 0 5000 0 0 " + "0 " * 27
+                 + "{status}\n")
+
+
+@pytest.mark.parametrize(("status", "killed_by"), [(9, 9), (11, 11), (134, 6), (3 << 8, None), (0, None)],
+                         ids=["sigkill", "sigsegv", "sigabrt-core", "exit-3", "exit-0"])
+def test_a_zombies_wait_status_tells_the_signal_that_ended_it(status: int, killed_by: int | None) -> None:
+    stat = parse_stat(KILLED_ZOMBIE.format(status=status))
+    assert (stat.state, stat.exit_status, stat.killed_by) == ("Z", status, killed_by)
+
+
+def test_a_live_process_was_killed_by_nothing() -> None:
+    stat = parse_stat("31427 (cat) " + TAIL)
+    assert stat.exit_status == 0 and stat.killed_by is None
