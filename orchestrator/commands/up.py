@@ -373,7 +373,7 @@ def up_command(
             shown = node_hosts(job, job.slurm) if job.slurm else (*job.hosts, *job.spares)
             printer = Printer([h.name for h in shown])
             if detach and budget > 0:
-                print_loop(detached_restarts.start_loop(job, pool, sys.argv[1:], Path.cwd()), job_file)
+                print_loop(detached_restarts.start_loop(job, pool, sys.argv[1:], Path.cwd()), job.inventory.source)
             if detach:
                 print_detached(core.detach(job, runner, printer, options))
             if budget > 0:
@@ -409,11 +409,11 @@ def check_restartable(budget: int, detach: bool, slurm: bool) -> None:
                           "[slurm] requeue = true, which Slurm carries out itself")
 
 
-def print_loop(loop: detached_restarts.LoopStarted, job_file: Path) -> NoReturn:
+def print_loop(loop: detached_restarts.LoopStarted, inventory: Path | None) -> NoReturn:
+    where = f" -i {shlex.quote(str(inventory))}" if inventory is not None else ""
     notice(f"detached: the restart loop of run {loop.run_id} runs on {loop.host} (pid {loop.pid}; its output: "
-           f"{loop.host}:{loop.log}). Follow: ddpctl logs {loop.run_id} -f -i <inventory>; stop: ddpctl down "
-           f"{loop.run_id} -i <inventory> (the loop first, so nothing is restarted)".replace(
-               "<inventory>", shlex.quote(str(job_file))))
+           f"{loop.host}:{loop.log}). Follow: ddpctl logs {loop.run_id} -f{where}; stop: ddpctl down "
+           f"{loop.run_id}{where} (the loop first, so nothing is restarted)")
     raise typer.Exit(0)
 
 
