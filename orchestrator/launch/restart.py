@@ -12,7 +12,10 @@ Every failed attempt is classified before the budget is spent (`classify`):
 - deterministic: a rank's error before any progress on the first attempt (an ImportError, a
   missing file, bad arguments), or the same error (type, message, where it was raised) as the
   attempt before, with no progress in between. Not retried: EXIT_DETERMINISTIC.
-- any other error is retried once on the same hosts (a flaky read, a full disk freed since).
+- stopped: Ctrl-C or a signal to `up`, the scheduler's own end (a cancel, a time limit), or
+  `ddpctl down` from anywhere (its nodes say so): someone else's action is not ours to undo.
+- any other error is retried on the same hosts (a flaky read, a full disk freed since), until it
+  repeats with no progress in between.
 Progress is counted without code changes: the rank wrapper counts optimizer steps, and a file in
 [restart] checkpoint_dir newer than the attempt's start counts too.
 
@@ -331,10 +334,31 @@ class Restarts:
         while time.monotonic() < deadline:
             time.sleep(min(BACKOFF_TICK, max(deadline - time.monotonic(), 0)))
 
-    def stop(self, reason: str, code: int) -> RestartedRun:
+    def stop(self, reason: str | None, code: int) -> RestartedRun:
+        """The run is over (`reason`: why it stopped restarting; None: it succeeded)."""
         self.run.reason, self.run.exit_code = reason, code
         self.run.write_summary()
         return self.run
+
+    def start(self, number: int, job: Job, attempt: core.Attempt) -> RunResult | str | None:
+        """Launch one attempt: its result; None when the pre-launch steps left hosts out (the same
+        attempt goes again, on the next hosts: the budget is for failures of a run); or why it
+        cannot start at all. The first attempt's launch errors are the user's, raised as they are."""
+        try:
+            return core.launch(job, self.make_backend(job), self.cb, self.options, attempt=attempt)
+        except (ChecksFailed, HostsFailed, HostError, LaunchBlocked, ConfigError) as exc:
+            if number == 0:
+                raise
+            bad = _hosts_failed(exc)
+            if not bad or set(bad) - {h.name for h in job.hosts}:
+                return f"attempt {number} could not start: {exc}"
+            ran = set(self.run.attempts[-1].hosts)
+            newcomers = {name: why for name, why in bad.items() if name not in ran}
+            try:  # a pair blocked between a host that ran and a spare: the spare is left out
+                self.exclude(newcomers or bad, number)
+            except NoHosts as no:
+                return f"the pre-launch checks left too few hosts: {no}"
+            return None
 
     def __call__(self) -> RestartedRun:
         number, restarts, previous = 0, 0, None
@@ -345,24 +369,11 @@ class Restarts:
             if number > 0:
                 self.cb.on_notice(f"attempt {number} on {', '.join(h.name for h in job.hosts)} "
                                   f"(run {self.run_id})")
-            try:
-                result = core.launch(job, self.make_backend(job), self.cb, self.options, attempt=attempt)
-            except (ChecksFailed, HostsFailed, HostError) as exc:
-                bad = _hosts_failed(exc)
-                if number == 0 or not bad or set(bad) - {h.name for h in job.hosts}:
-                    raise
-                ran = set(self.run.attempts[-1].hosts)
-                newcomers = {name: why for name, why in bad.items() if name not in ran}
-                bad = newcomers or bad  # a pair blocked between a host that ran and a spare: the spare
-                try:
-                    self.exclude(bad, number)
-                except NoHosts as no:
-                    return self.stop(f"not restarting: the pre-launch checks left too few hosts: {no}", 1)
-                continue  # the same attempt, on the next hosts: the budget is for failures of a run
-            except (LaunchBlocked, ConfigError) as exc:
-                if number == 0:
-                    raise
-                return self.stop(f"not restarting: attempt {number} could not start: {exc}", 1)
+            result = self.start(number, job, attempt)
+            if result is None:
+                continue
+            if isinstance(result, str):
+                return self.stop(f"not restarting: {result}", 1)
             record = AttemptRecord(number, attempt.job_id, [h.name for h in job.hosts], attempt.run_dir, started,
                                    time.time(), result.exit_code, steps=result.steps,
                                    checkpointed=result.checkpointed, master=job.master_host.name,
@@ -370,7 +381,7 @@ class Restarts:
             self.run.attempts.append(record)
             self.run.result = result
             if result.ok:
-                return self._succeeded()
+                return self.stop(None, 0)
             verdict = classify(result, self.job, number, self.run.attempts[:-1])
             record.verdict = verdict
             self.run.signal = result.signal
@@ -400,12 +411,6 @@ class Restarts:
                 return self.stop(f"stopped during the backoff before attempt {number + 1}", 128 + signum)
             previous = f"attempt {number} at {clock(record.ended_at or time.time())}: {verdict.reason}"
             number += 1
-
-    def _succeeded(self) -> RestartedRun:
-        self.run.reason, self.run.exit_code = None, 0
-        self.run.write_summary()
-        return self.run
-
 
 def _root_cause(result: RunResult) -> str | None:
     root = result.root_cause
