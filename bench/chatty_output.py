@@ -24,7 +24,6 @@ import contextlib
 import re
 import statistics
 import sys
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Iterable, Iterator
@@ -41,6 +40,7 @@ from bench.jobwatch import (  # noqa: E402
     job_id_of,
     kill_job,
     median,
+    scratch,
     secs,
     start_ddpctl,
     start_manual,
@@ -273,9 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     with contextlib.ExitStack() as stack:
         ddpctl = Ddpctl(opts.ddpctl, stack)
         print(f"ddpctl: {ddpctl.label}", flush=True)
-        d = stack.enter_context(tempfile.TemporaryDirectory())
-        tmp = opts.keep or Path(d)
-        tmp.mkdir(parents=True, exist_ok=True)
+        d, tmp = scratch(stack, opts.keep)
         with start_cluster(opts.hosts, Path(d) / "cluster") as cluster:
             runner = Runner(ddpctl, cluster, tmp, opts)
             for i in range(opts.runs):

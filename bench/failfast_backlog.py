@@ -16,7 +16,6 @@ import argparse
 import contextlib
 import json
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,6 +31,7 @@ from bench.jobwatch import (  # noqa: E402
     job_pids,
     kill_job,
     median,
+    scratch,
     secs,
     start_ddpctl,
     wait_gone,
@@ -105,9 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     with contextlib.ExitStack() as stack:
         ddpctl = Ddpctl(opts.ddpctl, stack)
         print(f"ddpctl: {ddpctl.label}", flush=True)
-        d = stack.enter_context(tempfile.TemporaryDirectory())
-        tmp = opts.keep or Path(d)
-        tmp.mkdir(parents=True, exist_ok=True)
+        d, tmp = scratch(stack, opts.keep)
         with start_cluster(opts.hosts, Path(d) / "cluster") as cluster:
             for i in range(opts.runs):
                 o = one_run(ddpctl, cluster, tmp, i + 1, opts)

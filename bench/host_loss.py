@@ -24,7 +24,6 @@ import contextlib
 import json
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +41,7 @@ from bench.jobwatch import (  # noqa: E402
     job_id_of,
     kill_job,
     median,
+    scratch,
     secs,
     start_ddpctl,
     wait_until,
@@ -191,9 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     parts: list[Partition] = []
     with contextlib.ExitStack() as stack:
         ddpctl = Ddpctl(opts.ddpctl, stack)
-        d = stack.enter_context(tempfile.TemporaryDirectory())
-        tmp = opts.keep or Path(d)
-        tmp.mkdir(parents=True, exist_ok=True)
+        d, tmp = scratch(stack, opts.keep)
         with start_cluster(opts.hosts, Path(d) / "cluster") as cluster:
             flags, lost_after, how = lost_after_in_effect(ddpctl, cluster, tmp, opts.lost_after)
             victim = cluster.hosts[-1].name

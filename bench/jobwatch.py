@@ -70,6 +70,15 @@ class Ddpctl:
                               env=self.env(), check=False)
 
 
+def scratch(stack: contextlib.ExitStack, keep: Path | None) -> tuple[Path, Path]:
+    """A scratch directory removed when `stack` closes (clusters go there), and where a run's
+    outputs go: `keep` (--keep), made if need be, else the scratch directory itself."""
+    scratch_dir = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+    out = keep or scratch_dir
+    out.mkdir(parents=True, exist_ok=True)
+    return scratch_dir, out
+
+
 def high_water_mib(pid: int) -> float | None:
     """The process's own peak RSS so far (VmHWM: its current program's, after exec)."""
     try:

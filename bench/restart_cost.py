@@ -38,7 +38,6 @@ import json
 import re
 import shutil
 import sys
-import tempfile
 import textwrap
 import threading
 import time
@@ -50,7 +49,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.jobwatch import DDPCTL_HELP, Child, Ddpctl, kill_job, median, secs  # noqa: E402
+from bench.jobwatch import DDPCTL_HELP, Child, Ddpctl, kill_job, median, scratch, secs  # noqa: E402
 from tests.cluster import Cluster, start_cluster  # noqa: E402
 from tests.cluster_files import write_hosts_toml  # noqa: E402
 from tests.cluster_sys import kill_netns  # noqa: E402
@@ -310,9 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     runs: list[Run] = []
     with contextlib.ExitStack() as stack:
         ddpctl = Ddpctl(opts.ddpctl, stack)
-        d = stack.enter_context(tempfile.TemporaryDirectory())
-        tmp = opts.keep or Path(d)
-        tmp.mkdir(parents=True, exist_ok=True)
+        d, tmp = scratch(stack, opts.keep)
         script = RESUMABLE
         with start_cluster(3, Path(d) / "cluster") as cluster:
             inventory = write_inventory(cluster, tmp / "hosts.toml")

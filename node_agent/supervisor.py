@@ -155,8 +155,10 @@ class Supervisor:
         if self.stopping.is_set():
             return
         for name, started in list(self.rank_records.items()):
-            if not name.endswith(".started") or not isinstance(started.get("pid"), int):
-                continue
+            local = name[:-len(".started")]
+            if not name.endswith(".started") or not isinstance(started.get("pid"), int) or \
+                    local + ".error" in self.rank_records or local + ".ended" in self.rank_records:
+                continue  # told already: no /proc read every poll for it
             stat = read_stat(int(started["pid"]))
             if stat is not None and stat.killed_by:
                 record_killed(str(self.rank_dir), int(started.get("local_rank", 0)), int(started["pid"]),
