@@ -37,14 +37,16 @@ from inventory.model import (
     NprocSpec,
     Rendezvous,
     RestartSpec,
+    WatchSpec,
     local_inventory,
 )
 from inventory.restart import read_restart
 from inventory.slurm import SlurmSpec, read_slurm
 from inventory.sync import SyncSpec, read_sync
 from inventory.tomlsource import FlagReporter, Reporter, TomlFile, read_toml, toml_files_in
+from inventory.watch import read_watch
 
-JOB_FILE_KEYS = ("inventory", "job", "rendezvous", "env", "slurm", "sync", "supervise", "restart")
+JOB_FILE_KEYS = ("inventory", "job", "rendezvous", "env", "slurm", "sync", "supervise", "restart", "watch")
 SUPERVISE_KEYS = ("lost_after",)
 MIN_LOST_AFTER_S = 10  # orchestrator/launch/faults.py MIN_LOST_AFTER: silent_after + one retry
 JOB_KEYS = ("name", "script", "module", "args", "nproc_per_node", "hosts")
@@ -148,6 +150,7 @@ def load_job(path: Path, overrides: JobOverrides | None = None) -> Job:
         sync=sync,
         lost_after=_lost_after(doc),
         restart=_restart(doc, slurm.nodes if slurm is not None else len(spec.hosts), slurm),
+        watch=read_watch(doc, doc.data["watch"]) if "watch" in doc.data else WatchSpec(),
     )
 
 

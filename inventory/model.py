@@ -92,6 +92,18 @@ class RestartSpec:
     max_backoff: float = 60.0
 
 
+@dataclass(frozen=True)
+class WatchSpec:
+    """[watch]: what `ddpctl up` watches the running job for (orchestrator/watch/)."""
+
+    total_steps: int | None = None  # the steps the job will take: DDPCTL_TOTAL_STEPS, for the ETA
+    hang_after: float = 60.0  # no rank stepped for max(this, 5 x the p95 step time): a hang
+    pulse: float = 30.0  # seconds between two progress lines when stderr is not a terminal
+    straggler_threshold: float = 0.10  # a rank this much slower than the others is named
+    sample_every: float = 10.0  # seconds between two samples of each node's GPUs, CPU and memory (0: none)
+    gpu_idle_after: float = 120.0  # a GPU of the job idle this long while it steps is a finding
+
+
 NPROC_FROM_JOB = "job nproc_per_node"
 
 
@@ -122,6 +134,7 @@ class Job:
     # (None: the fault model's default, orchestrator/launch/faults.py)
     lost_after: float | None = None
     restart: RestartSpec = field(default_factory=RestartSpec)
+    watch: WatchSpec = field(default_factory=WatchSpec)
 
     @property
     def spares(self) -> tuple[Host, ...]:

@@ -28,6 +28,7 @@ OPS: Dict[str, str] = {
     "loop": "node_agent.loops:start",
     "logs": "node_agent.jobs:logs",
     "stacks": "node_agent.stacks:dump",
+    "top": "node_agent.top:top",
     "follow": "node_agent.follow:follow",
     "attach": "node_agent.attach:attach",
     "slurm_check": "node_agent.slurm_probe:check",

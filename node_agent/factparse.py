@@ -201,3 +201,74 @@ def parse_torch_output(returncode: int, stdout: str, stderr: str) -> Dict[str, A
     if "No module named 'torch'" in (stderr or "") or "No module named torch" in (stderr or ""):
         return {"importable": False, "error": last}
     raise ValueError("torch probe exited %d: %s" % (returncode, last))
+
+
+# `nvidia-smi --query-gpu=<GPU_STATS_QUERY> --format=csv,noheader,nounits`: what `ddpctl top` samples.
+GPU_STATS_QUERY = "index,uuid,name,utilization.gpu,memory.used,memory.total,power.draw"
+# A GPU the driver lists but cannot reach (after an Xid 79 "fallen off the bus": "GPU is lost"):
+# nvidia-smi prints this line instead of its row (`GPU 0000:3B:00.0` or `GPU0000:3B:00.0`).
+_GPU_HANDLE = re.compile(r"^Unable to determine the device handle for GPU\s*([0-9A-Fa-f:.]+):\s*(.*)$")
+# Values that mean "this GPU does not say", not an error: the field is then None.
+_NO_VALUE = ("[N/A]", "[Not Supported]", "N/A", "")
+
+
+def _gpu_value(text: str) -> Tuple[Optional[float], Optional[str]]:
+    """(number, None), (None, None) for a value the GPU does not report, or (None, error) for a
+    bracketed complaint such as `[GPU is lost]` or `[Unknown Error]`."""
+    if text in _NO_VALUE:
+        return None, None
+    number = _num(text)
+    if number is not None:
+        return number, None
+    return None, text.strip("[]") or text
+
+
+def _gpu_row(parts: List[str]) -> Dict[str, Any]:
+    util, used, total, power = (_gpu_value(p) for p in parts[-4:])
+    errors = [e for _, e in (util, used, total, power) if e]
+    return {"index": int(parts[0]), "uuid": parts[1], "name": ", ".join(parts[2:-4]),
+            "util_pct": util[0], "memory_used_mib": used[0], "memory_total_mib": total[0],
+            "power_w": power[0], "error": errors[0] if errors else None}
+
+
+def parse_nvidia_gpu_stats(text: str, returncode: int = 0) -> Dict[str, Any]:
+    """`nvidia-smi --query-gpu=GPU_STATS_QUERY ...` (stdout and stderr together) -> {"gpus": [...],
+    "error": None or the host's}. Each GPU: index, uuid, name, util_pct, memory_used_mib,
+    memory_total_mib, power_w (None where it says [N/A] or [Not Supported]) and error (a GPU the
+    driver cannot reach is an entry of its own: bus_id and error, index None). A run that lists
+    no GPU and fails ("Failed to initialize NVML: ...", "NVIDIA-SMI has failed ...") is the host's
+    error; "No devices were found" is a host without GPUs."""
+    gpus: List[Dict[str, Any]] = []
+    other: List[str] = []
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line:
+            continue
+        lost = _GPU_HANDLE.match(line)
+        parts = [p.strip() for p in line.split(",")]
+        if lost:
+            gpus.append({"index": None, "bus_id": lost.group(1), "uuid": None, "name": None, "util_pct": None,
+                         "memory_used_mib": None, "memory_total_mib": None, "power_w": None,
+                         "error": lost.group(2).strip() or "unknown error"})
+        elif len(parts) >= 7 and parts[0].isdigit():
+            gpus.append(_gpu_row(parts))
+        else:
+            other.append(line)
+    error = None
+    if not gpus and (returncode != 0 or other) and not any(line.startswith("No devices were found") for line in other):
+        error = other[0] if other else "nvidia-smi exited %d with no output" % returncode
+    return {"gpus": gpus, "error": error}
+
+
+def parse_proc_net_dev(text: str) -> Dict[str, Tuple[int, int]]:
+    """/proc/net/dev -> {interface: (rx bytes, tx bytes)}."""
+    out: Dict[str, Tuple[int, int]] = {}
+    for line in text.splitlines()[2:]:
+        name, sep, rest = line.partition(":")
+        fields = rest.split()
+        if sep and len(fields) >= 9:
+            try:
+                out[name.strip()] = (int(fields[0]), int(fields[8]))
+            except ValueError:
+                continue
+    return out

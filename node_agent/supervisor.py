@@ -33,6 +33,7 @@ import threading
 import time
 
 from node_agent.attach import listen, serve
+from node_agent.hoststats import ProcReader, cpu_and_rss, gpu_sample
 from node_agent.lines import whole_lines
 from node_agent.nccl_log import parse_files
 from node_agent.procfs import read_stat
@@ -44,6 +45,7 @@ from node_agent.runstate import (
     NODE_RANK_ENV,
     STOPPED_BY_DOWN,
     end_job,
+    job_pids,
     proc_start_ticks,
     read_json,
     state_dir,
@@ -135,8 +137,9 @@ class Supervisor:
         except OSError:
             return
         for name in names:
-            if name.endswith(".tmp") or (name in self.rank_records and not self._step_changed(name)):
-                continue
+            if name.endswith(".tmp") or not name.split(".")[0].isdigit() or \
+                    (name in self.rank_records and not self._step_changed(name)):
+                continue  # not a rank's record (a dump request, the dumps folder), or read already
             try:
                 record = json.loads((self.rank_dir / name).read_text())
             except (OSError, ValueError):
@@ -380,6 +383,34 @@ class Supervisor:
             })
         return errors
 
+    def watch_host(self) -> None:
+        """Every `sample_every` seconds while torchrun runs: the job's GPUs (nvidia-smi's query, the
+        ones CUDA_VISIBLE_DEVICES names) and its processes' CPU and memory, sent as a `sample`
+        event (orchestrator/watch/ finds an idle GPU or creeping memory in them). A host without
+        nvidia-smi is asked once."""
+        every = float(self.request.get("sample_every") or 0)
+        if every <= 0 or self.uplink is None or self.proc is None:
+            return
+        reader = ProcReader()
+        visible = [v.strip() for v in str((self.request.get("env") or {}).get("CUDA_VISIBLE_DEVICES", "")).split(",")
+                   if v.strip()]
+        gpus_here = True
+        before = reader.sample(job_pids(self.job_id, self.node_rank))
+        then = time.monotonic()
+        while not self.stopping.wait(every) and self.proc.poll() is None:
+            after = reader.sample(job_pids(self.job_id, self.node_rank))
+            now = time.monotonic()
+            cpu, rss = cpu_and_rss(before, after, now - then)
+            before, then = after, now
+            fields: Dict[str, Any] = {"cpu_percent": cpu, "rss_bytes": rss, "processes": len(after)}
+            if gpus_here:
+                gpus = gpu_sample()
+                gpus_here = bool(gpus.get("nvidia_smi"))
+                fields["gpus"] = [g for g in gpus.get("gpus") or [] if not visible or g.get("index") is None
+                                  or str(g.get("index")) in visible or g.get("uuid") in visible]
+                fields["gpu_error"] = gpus.get("error")
+            self.uplink.event("sample", **fields)
+
     def _thread(self, target: Any, *args: Any) -> threading.Thread:
         thread = threading.Thread(target=target, args=args, daemon=True)
         thread.start()
@@ -417,6 +448,7 @@ class Supervisor:
             self._thread(serve, listener, self.attached)
         if (control is not None or self.request.get("batch")) and self.heartbeat_timeout > 0:
             self._thread(self.watch_heartbeat)
+        self._thread(self.watch_host)
         code = self.proc.wait()
         down = read_json(self.dir / DOWN_MARK)
         if down is not None:  # someone else's action, not a failure: a restarting control plane must know

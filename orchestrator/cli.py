@@ -26,6 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "down": ("lifecycle", "down_command"),
     "logs": ("lifecycle", "logs_command"),
     "stacks": ("stacks", "stacks_command"),
+    "top": ("top", "top_command"),
     "ssh-setup": ("ssh_setup", "ssh_setup_command"),
     "sync": ("sync", "sync_command"),
 }

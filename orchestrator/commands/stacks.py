@@ -30,7 +30,14 @@ from orchestrator.commands.lifecycle import (
 )
 from orchestrator.hostops import slurm_jobs
 from orchestrator.hostops.jobs import JobAbsent
-from orchestrator.hostops.stacks import StacksReport, collect, groups_text, report_json, stacks_absent
+from orchestrator.hostops.stacks import (
+    StacksReport,
+    collect,
+    groups_text,
+    report_json,
+    stacks_absent,
+    verdict_text,
+)
 from orchestrator.remote.pool import make_pool
 from orchestrator.remote.slurm import slurm_client
 
@@ -48,7 +55,15 @@ def stacks_command(
     accept_new_host_keys: AcceptNewOpt = False,
     parallel: ParallelOpt = 64,
 ) -> None:
-    """Dump the Python stack of every rank of a running job (py-spy), grouped."""
+    """Dump the Python stack of every rank of a running job, grouped, and name the collective it waits in.
+
+    Each rank's stack and its flight recorder's last collectives come from ddpctl's rank wrapper
+    (py-spy for a rank that cannot answer). Examples:
+
+        ddpctl stacks myjob -i hosts.toml
+
+        ddpctl stacks myjob --backend slurm --json
+    """
     require_job_file(job)
     side = slurm_side(job, backend, login)
     absent: JobAbsent | None = None
@@ -63,7 +78,7 @@ def stacks_command(
     if as_json:
         console.print_json(json.dumps(report_json(report)))
     else:
-        for line in groups_text(report, frames):
+        for line in [*verdict_text(report), *groups_text(report, frames)]:
             console.print(line, markup=False, highlight=False)
         report_errors(report)
     if absent is not None:

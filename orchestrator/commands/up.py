@@ -38,13 +38,14 @@ from orchestrator.launch.backends.choose import backend_for
 from orchestrator.launch.backends.slurm import SlurmBackend
 from orchestrator.launch.faults import DEFAULT_LOST_AFTER, MIN_LOST_AFTER
 from orchestrator.launch.labels import RankLines
-from orchestrator.launch.observer import plan_summary
+from orchestrator.launch.observer import Pulse, plan_summary
 from orchestrator.launch.options import LaunchOptions, OnHang
 from orchestrator.launch.plan import LaunchPlan, mask_env
 from orchestrator.launch.preflight import LAUNCH_CHECKS, ChecksFailed
 from orchestrator.launch.result import HostRun, HostState, RunResult
 from orchestrator.remote.pool import make_pool
 from orchestrator.sync.core import SyncEvent
+from orchestrator.watch.monitor import Status
 
 HOST_COLOURS = ["cyan", "magenta", "green", "yellow", "blue", "bright_red", "bright_cyan",
                 "bright_magenta", "bright_green", "bright_yellow"]
@@ -87,8 +88,10 @@ class Printer:
     """Renders launch progress: host-prefixed lines, colour per host on a terminal, and there a
     live status line per host (connecting -> running -> exited code); plain lines otherwise."""
 
-    def __init__(self, hosts: list[str]) -> None:
+    def __init__(self, hosts: list[str], pulse: float = 30.0) -> None:
         self.colour = {h: HOST_COLOURS[i % len(HOST_COLOURS)] for i, h in enumerate(hosts)}
+        self.progress: Status | None = None
+        self.pulse = Pulse(pulse)
         self.width = max(len(h) for h in hosts)
         self.states: dict[str, HostRun] = {}
         self.live: Live | None = None
@@ -115,6 +118,8 @@ class Printer:
             code = f" {run.exit_code}" if run.exit_code is not None else ""
             text.append(f" {name} ", style=self.colour[name])
             text.append(f"● {run.state.value}{code} ", style=STATE_STYLE[run.state])
+        if self.progress is not None:
+            text.append(f"\n {self.progress.text()}", style="bold")
         return text
 
     def on_lines(self, host: str, lines: RankLines) -> None:
@@ -165,7 +170,16 @@ class Printer:
         if line is not None:
             notice(line)
 
+    def on_progress(self, status: Status) -> None:
+        """On a terminal, the status line's second line; elsewhere a pulse line now and then."""
+        self.progress = status
+        if self.live is None:
+            line = self.pulse.due(status)
+            if line is not None:
+                notice(line)
+
     def on_plan(self, plan: LaunchPlan, run_dir: Path) -> None:
+        self.progress = None
         self.states = {}  # a restart's attempt: only its own hosts in the status line
         notice(plan_summary(plan, run_dir))
 
@@ -371,7 +385,7 @@ def up_command(
                 print_dry_run_limits(plan, options.checks)
                 return
             shown = node_hosts(job, job.slurm) if job.slurm else (*job.hosts, *job.spares)
-            printer = Printer([h.name for h in shown])
+            printer = Printer([h.name for h in shown], job.watch.pulse)
             if detach and budget > 0:
                 print_loop(detached_restarts.start_loop(job, pool, sys.argv[1:], Path.cwd()), job.inventory.source)
             if detach:
@@ -396,7 +410,9 @@ def up_command(
     verdict = "succeeded" if result.exit_code == 0 else f"failed (exit {result.exit_code})"
     if result.signal is not None and result.signal != signal.SIGINT:
         verdict = f"stopped on every host by {signal.Signals(result.signal).name} (exit {result.exit_code})"
-    err_console.print(f"ddpctl: job {result.job_id} {verdict}; logs: {result.run_dir}", highlight=False)
+    report = result.run_dir / "report.html"
+    page = f"; report: {report}" if report.exists() else ""
+    err_console.print(f"ddpctl: job {result.job_id} {verdict}; logs: {result.run_dir}{page}", highlight=False)
     raise typer.Exit(result.exit_code)
 
 

@@ -1,4 +1,6 @@
-"""Where is every rank stuck: collect py-spy dumps from every host, collapse identical stacks."""
+"""Where is every rank stuck: collect every rank's stack (the rank wrapper's own, or py-spy's) and
+flight records from every host, collapse identical stacks, and name the collective the job waits in
+and the ranks that never entered it (orchestrator/watch/collectives.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from inventory import Host, Inventory
 from orchestrator.hostops.jobs import JobAbsent
 from orchestrator.remote.agent import call_agent
 from orchestrator.remote.pool import FanOut, HostPool
+from orchestrator.watch.collectives import CollectiveVerdict, RankRecords, parse_entries, verdict
 
 LIBRARY_MARKERS = ("site-packages", "dist-packages", "/lib/python", "<frozen")
 # ddpctl's rank wrapper and the runpy frames it runs the script through: the same on every rank
@@ -75,6 +78,8 @@ class StacksReport:
     host_errors: dict[str, str] = field(default_factory=dict)  # host -> why it gave no stacks
     host_fixes: dict[str, str] = field(default_factory=dict)  # host -> what to do about its error
     answered: tuple[str, ...] = ()  # the hosts whose agent answered (a failed one is in host_errors)
+    verdict: CollectiveVerdict | None = None  # the collective it waits in, from the flight records
+    records: list[RankRecords] = field(default_factory=list)
 
 
 def format_ranges(numbers: Iterable[int]) -> str:
@@ -112,6 +117,31 @@ def parse_host(host: str, result: Mapping[str, Any]) -> list[RankStack]:
     return stacks
 
 
+def innermost_user_frame(frames: Sequence[Frame]) -> str | None:
+    user = next((f for f in frames if not f.is_library), None)
+    return f"`{user.name}` at {user.where()}" if user is not None else None
+
+
+def parse_records(host: str, result: Mapping[str, Any], stacks: Sequence[RankStack]) -> list[RankRecords]:
+    """Each rank's flight records (or why it has none) and where its main thread is."""
+    frames = {s.rank: s.frames for s in stacks}
+    records = []
+    for w in result.get("ranks", []):
+        rank = int(w["rank"])
+        fr = w.get("fr") if isinstance(w.get("fr"), Mapping) else None
+        why = w.get("error") or w.get("fr_error") or (fr.get("error") if fr is not None else None)
+        entries = fr.get("entries") if fr is not None else None
+        collectives = parse_entries(entries) if isinstance(entries, list) else None
+        step = fr.get("step") if fr is not None and isinstance(fr.get("step"), int) else None
+        raw = fr.get("groups") if fr is not None else None
+        groups = {str(name): tuple(int(r) for r in members) for name, members in raw.items()
+                  if isinstance(members, list)} if isinstance(raw, Mapping) else {}
+        records.append(RankRecords(host, rank, collectives, innermost_user_frame(frames.get(rank, ())),
+                                   None if collectives is not None else str(why or "no flight records"), step,
+                                   groups))
+    return records
+
+
 def collapse(stacks: Iterable[RankStack]) -> list[StackGroup]:
     """Identical main-thread stacks form one group; the smallest groups (odd ones out) first."""
     groups: dict[tuple[Any, ...], StackGroup] = {}
@@ -140,10 +170,13 @@ def assemble(job: str, results: Mapping[str, Mapping[str, Any]], failed: Mapping
             report.host_errors[host] = str(result["error"])
             if result.get("fix"):
                 report.host_fixes[host] = str(result["fix"])
-        all_stacks += parse_host(host, result)
+        stacks = parse_host(host, result)
+        all_stacks += stacks
+        report.records += parse_records(host, result, stacks)
     report.host_errors.update(failed)
     report.host_fixes.update(fixes or {})
     report.groups = collapse(all_stacks)
+    report.verdict = verdict(report.records)
     return report
 
 
@@ -165,7 +198,13 @@ def report_json(report: StacksReport) -> dict[str, Any]:
                     "frames": [{"name": f.name, "file": f.file, "line": f.line} for f in g.frames]}
                    for g in report.groups],
         "host_errors": {host: host_error_text(report, host) for host in report.host_errors},
+        "verdict": report.verdict.to_json() if report.verdict is not None else None,
     }
+
+
+def verdict_text(report: StacksReport) -> list[str]:
+    """The flight records' verdict, first: the collective and the ranks that never entered it."""
+    return [f"collectives: {report.verdict.text}"] if report.verdict is not None else []
 
 
 def groups_text(report: StacksReport, frames: int = 8) -> list[str]:
@@ -186,6 +225,7 @@ def host_error_text(report: StacksReport, host: str) -> str:
 def report_text(report: StacksReport, frames: int = 8) -> list[str]:
     """The whole report as lines of text (the groups, then each host's error)."""
     lines = [] if report.groups else [f"no running rank of {report.job} found"]
+    lines += verdict_text(report)
     lines += groups_text(report, frames)
     lines += [f"{host}: {host_error_text(report, host)}" for host in report.host_errors]
     return lines

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from orchestrator.remote.wire import RankPhase, SuperviseResult
+from orchestrator.remote.wire import HostSample, RankPhase, SuperviseResult
 
 
 @dataclass(frozen=True)
@@ -103,5 +103,13 @@ class Notice:
     text: str
 
 
+@dataclass(frozen=True)
+class Sampled:
+    """The node's GPUs and its job's CPU and memory, now and then (orchestrator/watch/)."""
+
+    host: str
+    sample: HostSample
+
+
 BackendEvent = (Started | Output | Alive | Problem | Reported | Exited | Lost | Ended | Milestone | Notice
-                | Reattached)
+                | Reattached | Sampled)

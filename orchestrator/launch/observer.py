@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -12,6 +13,7 @@ from orchestrator.launch.plan import LaunchPlan
 from orchestrator.launch.result import HostRun, HostState
 from orchestrator.sync.core import HostSync, SyncEvent
 from orchestrator.sync.text import sync_line
+from orchestrator.watch.monitor import Status
 
 
 class Observer(Protocol):
@@ -31,6 +33,10 @@ class Observer(Protocol):
     def on_sync(self, event: SyncEvent) -> None:
         """[sync] progress, before the plan: a host's changes planned, bytes sent, a host done."""
 
+    def on_progress(self, status: Status) -> None:
+        """The job's progress now (step, steps/s, step time, ETA, slowest rank), twice a second
+        once a rank has stepped: a status line on a terminal, a pulse line now and then elsewhere."""
+
 
 @dataclass
 class Collected:
@@ -41,6 +47,7 @@ class Collected:
     states: list[tuple[str, str]] = field(default_factory=list)
     plan: LaunchPlan | None = None
     synced: list[HostSync] = field(default_factory=list)
+    progress: Status | None = None
 
     def on_plan(self, plan: LaunchPlan, run_dir: Path) -> None:
         self.plan = plan
@@ -58,9 +65,16 @@ class Collected:
         if isinstance(event, HostSync):
             self.synced.append(event)
 
+    def on_progress(self, status: Status) -> None:
+        self.progress = status
+
 
 class Plain:
-    """An observer that prints `[host:rank] line` and notices to stdout (the Python API's default)."""
+    """An observer that prints `[host:rank] line` and notices to stdout (the Python API's default),
+    and the job's progress every PULSE_EVERY seconds."""
+
+    def __init__(self, pulse: float = 30.0) -> None:
+        self.pulse = Pulse(pulse)
 
     def on_plan(self, plan: LaunchPlan, run_dir: Path) -> None:
         print(f"ddpctl: {plan_summary(plan, run_dir)}", flush=True)
@@ -80,6 +94,29 @@ class Plain:
         line = sync_line(event)
         if line is not None:
             print(f"ddpctl: {line}", flush=True)
+
+    def on_progress(self, status: Status) -> None:
+        line = self.pulse.due(status)
+        if line is not None:
+            print(f"ddpctl: {line}", flush=True)
+
+
+class Pulse:
+    """A progress line every `every` seconds where there is no status line (a log, a pipe), and
+    none while nothing moves but the first that says so."""
+
+    def __init__(self, every: float) -> None:
+        self.every = every
+        self.last = time.monotonic()
+        self.said_step: int | None = None
+
+    def due(self, status: Status) -> str | None:
+        now = time.monotonic()
+        still = status.step == self.said_step  # nothing moved since the last line
+        if now - self.last < self.every or (still and status.quiet_s >= self.every * 2):
+            return None
+        self.last, self.said_step = now, status.step
+        return f"progress: {status.text(quiet_from=0 if still else 10)}"
 
 
 def plan_summary(plan: LaunchPlan, run_dir: Path) -> str:

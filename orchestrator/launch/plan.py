@@ -22,6 +22,7 @@ ATTEMPT_ENV = "DDPCTL_ATTEMPT"  # 0, 1, ...: which attempt of the run this is
 RUN_ID_ENV = "DDPCTL_RUN_ID"  # the same for every attempt
 PREV_FAILURE_ENV = "DDPCTL_PREV_FAILURE"  # one line: host, rank, reason (attempts after the first)
 CHECKPOINT_DIR_ENV = "DDPCTL_CHECKPOINT_DIR"  # [restart] checkpoint_dir
+TOTAL_STEPS_ENV = "DDPCTL_TOTAL_STEPS"  # [watch] total_steps; the rank wrapper reports it with the steps
 
 
 def new_job_id(name: str) -> str:
@@ -140,6 +141,8 @@ def host_env(job: Job, host: Host, job_id: str, picked: Mapping[str, str] | None
     env.setdefault(RUN_ID_ENV, job_id)
     if job.restart.checkpoint_dir is not None:
         env.setdefault(CHECKPOINT_DIR_ENV, job.restart.checkpoint_dir)
+    if job.watch.total_steps is not None:  # the ETA's total (a script may also set it itself)
+        env.setdefault(TOTAL_STEPS_ENV, str(job.watch.total_steps))
     return env
 
 

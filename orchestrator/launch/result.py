@@ -9,6 +9,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from orchestrator.launch.plan import LaunchPlan, mask_env
 from orchestrator.remote.wire import NcclChoice, RankError
@@ -111,6 +112,7 @@ class RunResult:
     ended_by: str | None = None  # the scheduler ended the job for its own reason (Slurm's words)
     steps: int | None = None  # the most optimizer steps any rank took (the rank wrapper's count)
     checkpointed: bool = False  # a newer file appeared in [restart] checkpoint_dir on some host
+    findings: list[dict[str, Any]] = field(default_factory=list)  # orchestrator/watch/: stragglers, hangs, ...
 
     @property
     def ok(self) -> bool:
@@ -145,6 +147,7 @@ def write_summary(plan: LaunchPlan, result: RunResult) -> Path:
         "ended_by": result.ended_by,
         "steps": result.steps,
         "checkpointed": result.checkpointed,
+        "findings": result.findings,
         "hosts": [dict(asdict(r), state=r.state.value, duration_s=r.duration_s,
                        env=mask_env(plan.hosts[r.node_rank].env), tail=r.tail[-10:])
                   for r in result.hosts],

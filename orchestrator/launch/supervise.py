@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO
 
+from orchestrator.hostops.stacks import StacksReport, report_json, report_text
 from orchestrator.launch.backends.base import Backend
 from orchestrator.launch.events import (
     Alive,
@@ -25,6 +26,7 @@ from orchestrator.launch.events import (
     Problem,
     Reattached,
     Reported,
+    Sampled,
     Started,
 )
 from orchestrator.launch.faults import Link, LinkState, judge, limits_for
@@ -46,6 +48,8 @@ from orchestrator.launch.result import (
 from orchestrator.launch.signals import STOP_SIGNALS, StopSignal, interrupts_ignored, stop_signals_raise
 from orchestrator.launch.watchdog import RendezvousWatch
 from orchestrator.remote.wire import RankError
+from orchestrator.watch.monitor import Finding, Watch
+from orchestrator.watch.report import build_report, write_report
 
 CHECK_EVERY = 0.5  # how often silent hosts and hangs are looked for
 NODE_GAVE_UP = ("no heartbeat from the control plane", "control connection lost")
@@ -88,6 +92,7 @@ class Supervision:
         self.addresses = {hl.host.name: hl.host.address for hl in plan.hosts}
         self.steps: dict[tuple[str, int | None], int] = {}  # (host, local rank) -> optimizer steps
         self.checkpointed = False  # a host saw a newer file in [restart] checkpoint_dir
+        self.watch = Watch(plan.job.watch)  # progress, stragglers, stalls: orchestrator/watch/
 
     # -- from the backend's threads ---------------------------------------------------------
     def emit(self, event: BackendEvent) -> None:
@@ -156,6 +161,9 @@ class Supervision:
             self._exited(run, event.exit_code)
         elif isinstance(event, Reattached):
             self._reattached(run)
+        elif isinstance(event, Sampled):
+            for finding in self.watch.on_sample(event.host, event.sample):
+                self.cb.on_notice(finding.text)
         elif not isinstance(event, Alive):
             raise TypeError(f"unknown backend event {event!r}")
 
@@ -174,6 +182,7 @@ class Supervision:
         if event.phase.step is not None:
             key = (event.host, event.phase.local_rank)
             self.steps[key] = max(self.steps.get(key, 0), event.phase.step)
+            self.watch.on_step(event.host, event.phase)
         if self.rendezvous is not None:
             self.rendezvous.saw(event.host, event.phase)
         if event.phase.error is not None:
@@ -233,6 +242,7 @@ class Supervision:
             return
         run.state, run.error, run.ended_at = HostState.LOST, why, time.time()
         self.links[run.host].enter(LinkState.LOST)
+        self.watch.host_lost(run.host, why)
         self.cb.on_state(run)
         self.backend.drop(run.host)  # its node ends the job when it stops hearing from us
         self._lose(run, why)
@@ -250,6 +260,7 @@ class Supervision:
         if event.lost and not run.done:
             run.state, run.error, run.ended_at = HostState.LOST, event.cause, time.time()
             self.links[run.host].enter(LinkState.LOST)
+            self.watch.host_lost(run.host, event.cause)
             self.losses.append(HostLoss(run.host, event.cause, time.time()))
             self.cb.on_state(run)
 
@@ -331,16 +342,47 @@ class Supervision:
         self.stop_all(False, "the rendezvous will not complete: stopping the job on every host (the cause "
                              "is in the summary)", failed=True)
 
-    def dump_stacks(self, why: str) -> None:
-        """Every rank's stack into the run directory, and the collapsed summary to the user."""
-        from orchestrator.hostops.stacks import report_json, report_text
+    def _check_progress(self) -> None:
+        """orchestrator/watch/ on the timer: its findings said once, the progress shown, and a stall
+        (no rank stepped for max([watch] hang_after, 5 x the p95 step time)) looked into: every
+        rank's flight records and stack name the collective the job waits in, and the rank that
+        never entered it. Reported; the job runs on unless --on-hang=stop."""
+        for finding in self.watch.check():
+            self.cb.on_notice(finding.text)
+        status = self.watch.status()
+        if status is not None:
+            self.cb.on_progress(status)
+        if self.stop_sent or any(link.state is LinkState.SILENT for link in self.links.values()):
+            return  # a host we cannot hear from sends no steps: not the job's stall
+        quiet = self.watch.stalled()
+        if quiet is None:
+            return
+        self.cb.on_notice(f"no rank has taken an optimizer step for {quiet:.0f}s (limit "
+                          f"{self.watch.stall_limit():.0f}s): asking every rank where it is")
+        report = self.dump_stacks("hang")
+        verdict = report.verdict
+        if verdict is not None and (verdict.missing or verdict.seq is not None):
+            finding = Finding("hang", f"hang: the job waits in {verdict.text}", time.time(),
+                              verdict.missing[0] if verdict.missing else None)
+        else:
+            where = report.groups[0].summary() if report.groups else "no stack"
+            finding = Finding("no progress", f"no progress: no optimizer step for {quiet:.0f}s and no collective "
+                              f"is pending (the ranks are busy elsewhere: {where})", time.time())
+        self.watch.add(finding)
+        self.cb.on_notice(finding.text)
+        if self.options.on_hang == "stop":
+            self.hang_dumped = self.hung = True
+            self.stop_all(False, "stopping the hung job on every host (--on-hang=stop)", failed=True)
 
+    def dump_stacks(self, why: str) -> StacksReport:
+        """Every rank's stack into the run directory, and the collapsed summary to the user."""
         report = self.backend.stacks(self.plan)
         stamp = time.strftime("%H%M%S")
         (self.run_dir / f"stacks-{why}-{stamp}.json").write_text(json.dumps(report_json(report), indent=2))
         text = report_text(report)
         (self.run_dir / f"stacks-{why}-{stamp}.txt").write_text("\n".join(text) + "\n")
         self.cb.on_notice(f"stacks of every rank ({why}), saved in {self.run_dir}:\n  " + "\n  ".join(text))
+        return report
 
     # -- main loop --------------------------------------------------------------------------
     def run(self) -> RunResult:
@@ -378,6 +420,7 @@ class Supervision:
                     self._check_links()
                     self._check_rendezvous()
                     self._check_hang()
+                    self._check_progress()
             except KeyboardInterrupt as exc:
                 self._interrupted(exc, stops)
 
@@ -414,6 +457,11 @@ class Supervision:
         result = RunResult(self.plan.job_id, self.run_dir, runs, code, first, interrupted,
                            {hl.host.name: hl.nproc for hl in self.plan.hosts}, self.hung,
                            root, self.cause, loss, signum, self.ended_by,
-                           max(self.steps.values()) if self.steps else None, self.checkpointed)
+                           max(self.steps.values()) if self.steps else None, self.checkpointed,
+                           [f.to_json(self.watch.started) for f in self.watch.findings])
         write_summary(self.plan, result)
+        try:
+            write_report(self.run_dir, build_report(self.plan, result, self.watch))
+        except (OSError, ValueError, TypeError) as exc:  # the run's outcome stands without its page
+            self.cb.on_notice(f"the run's report was not written: {exc}")
         return result

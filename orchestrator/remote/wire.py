@@ -274,8 +274,29 @@ def parse_rank_error(e: Mapping[str, Any]) -> RankError:
 
 
 @dataclass(frozen=True)
+class StepWindow:
+    """A rank's steps since its last `step` record (node_agent/rankwrap.py): how many, the wall
+    seconds they took, the step time's p50/p95, and DDP's per-iteration medians (None: no DDP
+    model, or no sample): the time it waited in the gradient all-reduce after its own backward
+    pass, the time from its previous step to its forward pass, its forward + backward compute."""
+
+    steps: int
+    seconds: float
+    p50_ms: float
+    p95_ms: float
+    wait_ms: float | None = None
+    data_ms: float | None = None
+    compute_ms: float | None = None
+    samples: int = 0  # DDP iterations sampled
+
+    @property
+    def rate(self) -> float:
+        return self.steps / self.seconds if self.seconds > 0 else 0.0
+
+
+@dataclass(frozen=True)
 class RankPhase:
-    """A rank's milestone, as its wrapper recorded it: started, init, joined, or error."""
+    """A rank's milestone, as its wrapper recorded it: started, init, joined, step, or error."""
 
     local_rank: int | None
     rank: int | None
@@ -283,6 +304,26 @@ class RankPhase:
     time: float | None
     error: RankError | None  # with phase "error"
     step: int | None = None  # with phase "step" (and "error"): its optimizer steps so far
+    window: StepWindow | None = None  # with phase "step": the steps since the record before
+    total: int | None = None  # with phase "step": the steps the job will take, when stated
+
+
+def _float_or_none(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def parse_window(w: Any) -> StepWindow | None:
+    if not isinstance(w, Mapping):
+        return None
+    steps, seconds = _int_or_none(w.get("steps")), _float_or_none(w.get("seconds"))
+    p50, p95 = _float_or_none(w.get("p50_ms")), _float_or_none(w.get("p95_ms"))
+    if not steps or seconds is None or p50 is None or p95 is None:
+        return None
+    raw = w.get("ddp")
+    ddp: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
+    return StepWindow(steps, seconds, p50, p95, _float_or_none(ddp.get("wait_ms")),
+                      _float_or_none(ddp.get("data_ms")), _float_or_none(ddp.get("compute_ms")),
+                      _int_or_none(ddp.get("n")) or 0)
 
 
 # A rank's own end: its exception ("error", the rank wrapper's), or the signal that ended it ("ended",
@@ -295,7 +336,8 @@ def parse_rank_phase(fields: Mapping[str, Any]) -> RankPhase:
     phase = str(fields.get("phase") or "")
     return RankPhase(_int_or_none(fields.get("local_rank")), rank if rank is not None and rank >= 0 else None,
                      phase, fields.get("time"), parse_rank_error(fields) if phase in RANK_ENDS else None,
-                     _int_or_none(fields.get("step")))
+                     _int_or_none(fields.get("step")), parse_window(fields.get("window")),
+                     _int_or_none(fields.get("total")))
 
 
 @dataclass(frozen=True)
@@ -466,3 +508,145 @@ def decode_log_event(host: str, fields: Mapping[str, Any]) -> list[LogLine]:
     except (KeyError, TypeError, ValueError) as exc:
         raise HostError(host, HostErrorKind.PROTOCOL, f"the node agent sent a malformed log event: {exc}",
                         "this is a ddpctl bug") from None
+
+
+# -- top -----------------------------------------------------------------------------------------
+
+def _number_or_none(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+def _text_or_none(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+@dataclass(frozen=True)
+class GpuStat:
+    """One GPU as nvidia-smi's query showed it (None: the GPU does not report that field). A GPU
+    the driver cannot reach (lost after an Xid 79) has only its bus id and its error."""
+
+    index: int | None
+    uuid: str | None
+    name: str | None
+    util_pct: float | None
+    memory_used_mib: float | None
+    memory_total_mib: float | None
+    power_w: float | None
+    error: str | None = None
+    bus_id: str | None = None
+
+    @property
+    def label(self) -> str:
+        return f"GPU {self.index}" if self.index is not None else f"GPU {self.bus_id or '?'}"
+
+
+def parse_gpu_stat(g: Mapping[str, Any]) -> GpuStat:
+    return GpuStat(_int_or_none(g.get("index")), _text_or_none(g.get("uuid")), _text_or_none(g.get("name")),
+                   _number_or_none(g.get("util_pct")), _number_or_none(g.get("memory_used_mib")),
+                   _number_or_none(g.get("memory_total_mib")), _number_or_none(g.get("power_w")),
+                   _text_or_none(g.get("error")), _text_or_none(g.get("bus_id")))
+
+
+@dataclass(frozen=True)
+class RankSteps:
+    """A rank's step record as the host read it: steps/s over its last window (0: the record is
+    stale, the rank stalled), its step time's p50/p95, how old the record is (the host's clock)."""
+
+    rank: int | None
+    local_rank: int | None
+    step: int | None
+    total: int | None
+    age_s: float | None
+    steps_per_s: float | None
+    p50_ms: float | None
+    p95_ms: float | None
+    stalled: bool
+
+
+def parse_rank_steps(r: Mapping[str, Any]) -> RankSteps:
+    rank = _int_or_none(r.get("rank"))
+    return RankSteps(rank if rank is not None and rank >= 0 else None, _int_or_none(r.get("local_rank")),
+                     _int_or_none(r.get("step")), _int_or_none(r.get("total")), _number_or_none(r.get("age_s")),
+                     _number_or_none(r.get("steps_per_s")), _number_or_none(r.get("p50_ms")),
+                     _number_or_none(r.get("p95_ms")), bool(r.get("stalled")))
+
+
+@dataclass(frozen=True)
+class TopNode:
+    """One node of a job on a host, sampled by the top op over its interval."""
+
+    job_id: str
+    job_name: str | None
+    node_rank: int | None
+    running: bool
+    status: str  # "running", or how the node's state ended ("exited", ...)
+    exit_code: int | None
+    ranks_alive: int
+    ranks_expected: int | None  # torchrun's --nproc-per-node
+    ranks: tuple[RankSteps, ...]
+    log_age_s: float | None  # since the node's output.log last grew
+    iface: str | None  # the interface(s) its collectives use, comma-separated
+    iface_source: str | None  # why that one: NCCL_SOCKET_IFNAME=..., GLOO_SOCKET_IFNAME=..., route to ...
+    tx_bytes_per_s: float | None
+    rx_bytes_per_s: float | None
+    cpu_pct: float | None  # of one core, over the job's processes
+    rss_bytes: int | None
+    processes: int
+    gpu_select: tuple[str, ...] | None  # its CUDA_VISIBLE_DEVICES (indices or UUIDs); None: every GPU
+
+
+def parse_top_node(n: Mapping[str, Any]) -> TopNode:
+    select = n.get("gpu_select")
+    return TopNode(str(n["job_id"]), _text_or_none(n.get("job_name")), _int_or_none(n.get("node_rank")),
+                   bool(n.get("running")), str(n.get("status") or ""), _int_or_none(n.get("exit_code")),
+                   int(n.get("ranks_alive") or 0), _int_or_none(n.get("ranks_expected")),
+                   tuple(parse_rank_steps(r) for r in n.get("ranks") or () if isinstance(r, Mapping)),
+                   _number_or_none(n.get("log_age_s")), _text_or_none(n.get("iface")),
+                   _text_or_none(n.get("iface_source")), _number_or_none(n.get("tx_bytes_per_s")),
+                   _number_or_none(n.get("rx_bytes_per_s")), _number_or_none(n.get("cpu_pct")),
+                   _int_or_none(n.get("rss_bytes")), int(n.get("processes") or 0),
+                   None if select is None else _strs(select))
+
+
+@dataclass(frozen=True)
+class HostTop:
+    """The top op's answer for one host: its GPUs once, and each node of a job it runs."""
+
+    host: str
+    hostname: str
+    interval_s: float
+    gpus: tuple[GpuStat, ...]
+    gpu_error: str | None  # nvidia-smi failed for the whole host (NVML could not start, ...)
+    nvidia_smi: bool  # nvidia-smi is installed there
+    proc_source: str | None  # "psutil" or "/proc" (None: no process was sampled)
+    nodes: tuple[TopNode, ...]
+
+
+def parse_top(host: str, r: Mapping[str, Any]) -> HostTop:
+    try:
+        return HostTop(host, str(r.get("hostname") or host), float(r.get("interval_s") or 0.0),
+                       tuple(parse_gpu_stat(g) for g in r.get("gpus") or () if isinstance(g, Mapping)),
+                       _text_or_none(r.get("gpu_error")), bool(r.get("nvidia_smi")),
+                       _text_or_none(r.get("proc_source")),
+                       tuple(parse_top_node(n) for n in r.get("nodes") or () if isinstance(n, Mapping)))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise HostError(host, HostErrorKind.PROTOCOL, f"the node agent sent a malformed top reply: {exc!r}",
+                        "this is a ddpctl bug") from None
+
+
+@dataclass(frozen=True)
+class HostSample:
+    """A node supervisor's `sample` event: its job's processes' CPU (% of one core) and memory, and
+    the job's GPUs as nvidia-smi showed them (none on a CPU host; `gpu_error`: nvidia-smi failed)."""
+
+    cpu_percent: float | None
+    rss_bytes: int | None
+    gpus: tuple[GpuStat, ...] = ()
+    gpu_error: str | None = None
+
+
+def parse_sample(fields: Mapping[str, Any]) -> HostSample:
+    raw = fields.get("gpus")
+    gpus = tuple(parse_gpu_stat(g) for g in raw if isinstance(g, Mapping)) if isinstance(raw, list) else ()
+    return HostSample(_number_or_none(fields.get("cpu_percent")), _int_or_none(fields.get("rss_bytes")), gpus,
+                      _text_or_none(fields.get("gpu_error")))

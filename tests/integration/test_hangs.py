@@ -41,7 +41,12 @@ def test_stacks_show_the_sleeping_rank_apart_from_ranks_blocked_in_all_reduce(
         assert sorted(r["rank"] for r in rest["ranks"]) == [0, 2, 3]
         assert rest["summary"].startswith("all_reduce in ") and "train.py:" in rest["summary"]
         text = run_ddpctl("stacks", "stacks-sleeper", "-i", str(cluster2.hosts_toml), *ssh_args(cluster2)).stdout
-        assert text.splitlines()[0].startswith("rank 1 on node0: sleep_forever_before_collective")
+        first, second = text.splitlines()[:2]
+        assert first.startswith("collectives: all_reduce #")
+        assert "ranks 0, 2, 3 entered, rank 1 never did (node0)" in first
+        assert "rank 1 is in `sleep_forever_before_collective` at train.py:" in first
+        assert second.startswith("rank 1 on node0: sleep_forever_before_collective")
+        assert report["verdict"]["missing"] == [1] and report["verdict"]["op"] == "all_reduce"
     finally:
         down = run_ddpctl("down", "stacks-sleeper", "-i", str(cluster2.hosts_toml), "--grace", "3",
                           *ssh_args(cluster2))

@@ -56,7 +56,8 @@ def supervise_request(plan: LaunchPlan, launch: HostLaunch, options: LaunchOptio
             "env": dict(launch.env), "cwd": launch.cwd, "grace": options.grace,
             "heartbeat_timeout": 0 if detach else limits_for(plan.job.lost_after, options.lost_after).node_after,
             "detach": detach,
-            "nccl_debug": options.nccl_debug, "wrap": launch.wrapped}
+            "nccl_debug": options.nccl_debug, "wrap": launch.wrapped,
+            "sample_every": plan.job.watch.sample_every}
 
 
 class Backend(Protocol):

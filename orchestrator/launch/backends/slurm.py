@@ -38,6 +38,7 @@ from orchestrator.launch.events import (
     Output,
     Problem,
     Reported,
+    Sampled,
     Started,
 )
 from orchestrator.launch.events import Notice as NoticeEvent
@@ -56,7 +57,7 @@ from orchestrator.remote.agent import (
 from orchestrator.remote.pool import HostPool
 from orchestrator.remote.slurm import QueuedJob, node_script, on_every_node, slurm_client
 from orchestrator.remote.transport import OutputLine
-from orchestrator.remote.wire import parse_rank_phase, parse_supervise
+from orchestrator.remote.wire import parse_rank_phase, parse_sample, parse_supervise
 from orchestrator.sync.core import Progress, SyncReport
 
 POLL_S = 1.0  # squeue, while the job runs
@@ -282,6 +283,8 @@ class SlurmBackend:
             emit(Problem(host, str(message.get("message"))))
         elif phase is not None:
             emit(Milestone(host, phase))
+        elif event_name == "sample" and isinstance(message, AgentEvent):
+            emit(Sampled(host, parse_sample(message.fields)))
         else:
             emit(Alive(host))
 

@@ -30,6 +30,7 @@ from orchestrator.launch.events import (
     Problem,
     Reattached,
     Reported,
+    Sampled,
     Started,
 )
 from orchestrator.launch.faults import HEARTBEAT_EVERY, RETRY_EVERY
@@ -46,7 +47,7 @@ from orchestrator.launch.preflight import (
 from orchestrator.remote.agent import AgentEvent, AgentResult, AgentStream, Batched, call_agent, start_agent
 from orchestrator.remote.pool import HostPool
 from orchestrator.remote.transport import OutputLine, Transport
-from orchestrator.remote.wire import parse_detached, parse_rank_phase, parse_supervise
+from orchestrator.remote.wire import parse_detached, parse_rank_phase, parse_sample, parse_supervise
 from orchestrator.sync.core import Progress, SyncReport, sync_job
 
 REPROBE_TIMEOUT_S = 20.0  # the watchdog's re-probe: each host's session must open within this
@@ -232,13 +233,15 @@ class SshBackend:
         emit(Exited(name, stream.wait(5.0)))
 
     @staticmethod
-    def _event(name: str, event: AgentEvent) -> Started | Problem | Alive | Milestone:
+    def _event(name: str, event: AgentEvent) -> Started | Problem | Alive | Milestone | Sampled:
         if event.name == "started":
             return Started(name, event.get("log"), event.get("hostname"))
         if event.name == "error":
             return Problem(name, str(event.get("message")))
         if event.name == "rank":
             return Milestone(name, parse_rank_phase(event.fields))
+        if event.name == "sample":
+            return Sampled(name, parse_sample(event.fields))
         return Alive(name)  # an event this version does not know: the host is there
 
     def _heartbeats(self, link: HostLink, generation: int, stream: AgentStream) -> None:

@@ -1,0 +1,1 @@
+"""Seeing a running job: progress, stragglers, hangs, findings, and the report at the end."""

@@ -1,0 +1,121 @@
+"""Watching a running job on the real cluster (2 hosts x 2 ranks, gloo): the straggler named with
+its host and side, nothing named on a balanced or noisy run, and a stall's verdict naming the
+collective and the rank that never entered it (asleep, SIGSTOPped, or having skipped it)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.cluster import Cluster
+from tests.ddpctl_run import REPO, no_job_processes, only_summary, run_ddpctl, ssh_args, wait_for, write_job
+from tests.fake_gpu import fake_nvidia_smi
+
+pytestmark = pytest.mark.cluster
+
+WATCHED = REPO / "train_jobs" / "watched.py"
+
+
+def watched_job(tmp_path: Path, cluster: Cluster, name: str, args: list[str], watch: str = "") -> Path:
+    job = write_job(tmp_path, cluster, name, ["--step-ms", "60", *args], script=WATCHED)
+    job.write_text(job.read_text() + "[watch]\npulse = 2\n" + watch)
+    return job
+
+
+def up(cluster: Cluster, job: Path, runs: Path, *extra: str) -> tuple[Any, dict[str, Any]]:
+    out = run_ddpctl("up", str(job), "--runs-dir", str(runs), "--grace", "3", *extra, *ssh_args(cluster), timeout=180)
+    summary = only_summary(runs)
+    wait_for(lambda: no_job_processes(cluster, summary["job_id"]), 30, "no process of the job left")
+    return out, summary
+
+
+def kinds(summary: dict[str, Any]) -> list[str]:
+    return [f["kind"] for f in summary["findings"]]
+
+
+@pytest.mark.parametrize(("rank", "host", "side", "words"), [
+    (3, "node1", "input", "before its forward pass"),
+    (1, "node0", "compute", "in its forward/backward pass"),
+])
+def test_a_slow_rank_is_named_with_its_host_and_side(cluster2: Cluster, tmp_path: Path, rank: int, host: str,
+                                                       side: str, words: str) -> None:
+    job = watched_job(tmp_path, cluster2, f"slow-{side}", ["--steps", "70", "--slow-rank", str(rank),
+                                                             "--slow-ms", "40", "--slow-side", side,
+                                                             "--slow-after", "15"])
+    out, summary = up(cluster2, job, tmp_path / "runs")
+    assert out.returncode == 0, out.stderr
+    assert f"straggler: rank {rank} on {host} is " in out.stderr and words in out.stderr, out.stderr
+    (finding,) = [f for f in summary["findings"] if f["kind"] == "straggler"]
+    assert (finding["rank"], finding["host"]) == (rank, host)
+    assert 15 < finding["step"] <= 15 + 20  # named within 20 steps of the slowdown
+    assert "progress: step " in out.stderr  # the pulse, stderr not being a terminal
+    run_dir = Path(next((tmp_path / "runs").glob("*/summary.json"))).parent
+    report = json.loads((run_dir / "report.json").read_text())
+    assert sorted(r["rank"] for r in report["ranks"]) == [0, 1, 2, 3]
+    slow = next(r for r in report["ranks"] if r["rank"] == rank)
+    assert slow["wait_ms"] < min(r["wait_ms"] for r in report["ranks"] if r["rank"] != rank)
+    assert report["throughput"] and report["findings"][0]["kind"] == "straggler"
+    assert "straggler" in (run_dir / "report.html").read_text()
+
+
+def test_a_balanced_run_with_noise_names_no_straggler(cluster2: Cluster, tmp_path: Path) -> None:
+    job = watched_job(tmp_path, cluster2, "noisy", ["--steps", "70", "--noise", "0.15"])
+    out, summary = up(cluster2, job, tmp_path / "runs")
+    assert out.returncode == 0, out.stderr
+    assert summary["findings"] == [], out.stderr
+    assert summary["steps"] == 70
+
+
+@pytest.mark.parametrize(("how", "rank", "host", "where"), [
+    ("sleep", 2, "node1", "rank 2 is in `load_batch` at watched.py:"),
+    ("skip", 3, "node1", "rank 3 is in `wait_for_peers` at watched.py:"),
+    ("stop", 1, "node0", "rank 1 did not answer: the process is stopped"),
+])
+def test_a_stall_names_the_collective_and_the_rank_that_never_entered_it(
+        cluster2: Cluster, tmp_path: Path, how: str, rank: int, host: str, where: str) -> None:
+    job = watched_job(tmp_path, cluster2, f"hang-{how}", ["--steps", "1000", "--hang-rank", str(rank),
+                                                           "--hang-at", "12", "--hang-how", how],
+                      watch="hang_after = 3\n")
+    out, summary = up(cluster2, job, tmp_path / "runs", "--on-hang", "stop")
+    assert out.returncode == 1, out.stderr
+    others = ", ".join(str(r) for r in range(4) if r != rank)
+    assert "hang: the job waits in all_reduce #" in out.stderr, out.stderr
+    assert f"on the default group: ranks {others} entered, rank {rank} never did ({host})" in out.stderr
+    assert where in out.stderr
+    (finding,) = [f for f in summary["findings"] if f["kind"] == "hang"]
+    assert finding["rank"] == rank
+
+
+def test_memory_that_keeps_rising_is_a_finding_and_every_sample_is_in_the_report(
+        cluster2: Cluster, tmp_path: Path) -> None:
+    job = watched_job(tmp_path, cluster2, "leaky", ["--steps", "200", "--leak-mb", "1"], watch="sample_every = 0.5\n")
+    out, summary = up(cluster2, job, tmp_path / "runs")
+    assert out.returncode == 0, out.stderr
+    creeping = [f for f in summary["findings"] if f["kind"] == "memory creeping"]
+    assert creeping and {f["host"] for f in creeping} <= {"node0", "node1"}, out.stderr
+    assert "memory creeping: the job's RSS on node" in out.stderr
+    run_dir = Path(next((tmp_path / "runs").glob("*/summary.json"))).parent
+    samples = json.loads((run_dir / "report.json").read_text())["samples"]
+    assert {s["host"] for s in samples} == {"node0", "node1"}
+    assert all(s["rss_mib"] and s["cpu_percent"] is not None for s in samples)
+    assert all(s["gpu_util"] == [] for s in samples)  # no nvidia-smi on these hosts
+
+
+def test_an_idle_gpu_of_the_job_is_a_finding_and_its_samples_are_in_the_report(
+        cluster2: Cluster, tmp_path: Path) -> None:
+    job = watched_job(tmp_path, cluster2, "idle-gpu", ["--steps", "120"],
+                      watch="sample_every = 0.5\ngpu_idle_after = 2\n")
+    with fake_nvidia_smi(cluster2, 0, "idle.csv", tmp_path / "gpu0"):
+        out, summary = up(cluster2, job, tmp_path / "runs")
+    assert out.returncode == 0, out.stderr
+    idle = [f for f in summary["findings"] if f["kind"] == "gpu idle"]
+    assert sorted((f["host"], f["text"].split(" of the job")[0]) for f in idle) == [
+        ("node0", "gpu idle: node0 GPU 0"), ("node0", "gpu idle: node0 GPU 1")], out.stderr
+    run_dir = Path(next((tmp_path / "runs").glob("*/summary.json"))).parent
+    samples = json.loads((run_dir / "report.json").read_text())["samples"]
+    assert {tuple(s["gpu_mem_total_mib"]) for s in samples if s["host"] == "node0"} == {(81559, 81559)}
+    assert all(s["gpu_util"] == [] for s in samples if s["host"] == "node1")
+    assert "GPU 0" in (run_dir / "report.html").read_text()
