@@ -14,6 +14,7 @@ import os
 import subprocess
 
 from node_agent.factparse import GPU_STATS_QUERY, parse_nvidia_gpu_stats, parse_proc_net_dev
+from node_agent.procfs import read_stat
 from node_agent.sitedirs import add_site_packages
 
 TYPE_CHECKING = False
@@ -24,8 +25,6 @@ if TYPE_CHECKING:  # typing is for the checker only (node_agent/__init__.py)
 
 NVIDIA_SMI_TIMEOUT_S = 5.0
 GPU_ARGV = ["nvidia-smi", "--query-gpu=" + GPU_STATS_QUERY, "--format=csv,noheader,nounits"]
-# Fields of /proc/<pid>/stat after the comm's closing ")" (proc(5) numbers them from 3).
-_UTIME, _STIME, _RSS = 11, 12, 21
 
 
 def run_command(argv: List[str], timeout: float) -> Tuple[int, str]:
@@ -89,18 +88,10 @@ class ProcReader(object):
                     return times.user + times.system, int(proc.memory_info().rss)
             except (self.psutil.Error, OSError):
                 return None
-        try:
-            with open("/proc/%d/stat" % pid, "rb") as f:
-                line = f.read().decode("ascii", "replace")
-        except OSError:
+        stat = read_stat(pid)
+        if stat is None or stat.state == "Z":
             return None
-        fields = line.rpartition(")")[2].split()
-        if len(fields) <= _RSS or fields[0] == "Z":
-            return None
-        try:
-            return (int(fields[_UTIME]) + int(fields[_STIME])) / float(self.ticks), int(fields[_RSS]) * self.page
-        except ValueError:
-            return None
+        return stat.cpu_ticks / float(self.ticks), stat.rss_pages * self.page
 
     def sample(self, pids: Iterable[int]) -> Dict[int, Tuple[float, int]]:
         """pid -> (CPU seconds, RSS bytes) for each live process of `pids`."""

@@ -11,9 +11,9 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing is for the checker only (node_agent/__init__.py)
     from typing import Dict, Iterator, List, Optional
 
-# Fields after the comm's closing ")" (proc(5) numbers them from 3): 0 is state, 19 starttime,
-# 49 exit_code (Linux >= 3.5: a zombie's status as waitpid reports it).
-_STATE, _PPID, _PGRP, _STARTTIME, _EXIT_CODE = 0, 1, 2, 19, 49
+# Fields after the comm's closing ")" (proc(5) numbers them from 3): 0 is state, 11/12 utime/stime,
+# 19 starttime, 21 rss, 49 exit_code (Linux >= 3.5: a zombie's status as waitpid reports it).
+_STATE, _PPID, _PGRP, _UTIME, _STIME, _STARTTIME, _RSS, _EXIT_CODE = 0, 1, 2, 11, 12, 19, 21, 49
 
 
 @dataclass(frozen=True)
@@ -28,6 +28,8 @@ class ProcStat:
     start_ticks: int  # clock ticks after boot; with the pid, it names one process across pid reuse
     # a zombie's wait status (0 for a live process; None: the kernel shows none); not part of its identity
     exit_status: Optional[int] = field(default=None, compare=False)
+    cpu_ticks: int = field(default=0, compare=False)  # user + system CPU time, in clock ticks
+    rss_pages: int = field(default=0, compare=False)
 
     @property
     def killed_by(self) -> Optional[int]:
@@ -42,11 +44,12 @@ def parse_stat(line: str) -> ProcStat:
     head, paren, tail = line.rpartition(")")
     pid, open_paren, comm = head.partition(" (")
     fields = tail.split()
-    if not paren or not open_paren or len(fields) <= _STARTTIME:
+    if not paren or not open_paren or len(fields) <= _RSS:
         raise ValueError("not a line of /proc/PID/stat: %r" % line[:120])
     return ProcStat(pid=int(pid), comm=comm, state=fields[_STATE], ppid=int(fields[_PPID]),
                     pgrp=int(fields[_PGRP]), start_ticks=int(fields[_STARTTIME]),
-                    exit_status=int(fields[_EXIT_CODE]) if len(fields) > _EXIT_CODE else None)
+                    exit_status=int(fields[_EXIT_CODE]) if len(fields) > _EXIT_CODE else None,
+                    cpu_ticks=int(fields[_UTIME]) + int(fields[_STIME]), rss_pages=int(fields[_RSS]))
 
 
 def read_stat(pid: int) -> Optional[ProcStat]:

@@ -21,7 +21,7 @@ from node_agent.factparse import parse_proc_net_route
 from node_agent.hoststats import ProcReader, cpu_and_rss, gpu_sample, nic_counters, nic_rates
 from node_agent.ifname import match_gloo, match_nccl, nccl_value_is_used
 from node_agent.procfs import alive, proc_environ, read_stat
-from node_agent.runstate import JobScan, iter_states, proc_start_ticks, read_json, state_root
+from node_agent.runstate import JobScan, iter_states, proc_start_ticks, read_json
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing is for the checker only (node_agent/__init__.py)
@@ -234,35 +234,10 @@ class Node(object):
         }
 
 
-def job_states(job: Optional[str]) -> List[Dict[str, Any]]:
-    """runstate.iter_states(job), reading only the runs whose directory may hold the job where one
-    is named: a node's state lies in runs/<job id>/, and a job id starts with its job's name (made
-    safe for a path) and an attempt's with its run id. A host keeps every run it ever had, and top
-    asks every 2 s: reading them all costs about 40 ms of CPU per thousand. Where no directory
-    starts with the name as given (a name that had to be made safe), every run is read."""
-    if job:
-        me = socket.gethostname()
-        runs = state_root() / "runs"
-        try:
-            names = sorted(n for n in os.listdir(str(runs)) if n.startswith(job))
-        except OSError:
-            names = []
-        found = []
-        for path in (p for n in names for p in sorted((runs / n).glob("node*/state.json"))):
-            data = read_json(path)
-            if data and data.get("hostname") == me and job in (data.get("job_id"), data.get("job_name"),
-                                                                 data.get("run_id")):
-                data["state_dir"] = str(path.parent)
-                found.append(data)
-        if found:
-            return found
-    return list(iter_states(job))
-
-
 def _nodes(job: Optional[str]) -> List[Node]:
     """The node states to report: every running one (of `job`, or of any job); asked for a job
     that runs nowhere here, its newest state (to say how it ended)."""
-    states = job_states(job)
+    states = list(iter_states(job))
     nodes = [Node(s) for s in states]
     running = [n for n in nodes if n.running]
     if running or not job or not nodes:

@@ -272,6 +272,10 @@ def print_failure(result: RunResult) -> None:
             err_console.print(f"  then, as a consequence: rank {rank if rank is not None else '?'} on {root.host}: "
                               f"{root.error.summary}", markup=False)
         return
+    hang = next((f for f in result.findings if f.get("kind") in ("hang", "no progress")), None)
+    if result.hung and hang is not None:  # stopped by us for it (--on-hang stop): the ranks are victims
+        err_console.print(Text(f"\nfirst failure: {hang['text']}", style="bold red"))
+        return
     root = result.root_cause
     if root is not None:
         err, rank = root.error, result.rank_of(root)

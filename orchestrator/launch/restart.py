@@ -106,13 +106,14 @@ class AttemptRecord:
     checkpointed: bool = False
     master: str | None = None
     root_cause: str | None = None  # the first rank error in time: "rank 1 on node1: ValueError: ..."
+    findings: list[dict[str, object]] = field(default_factory=list)  # the attempt's (orchestrator/watch/)
 
     def to_json(self) -> dict[str, object]:
         v = self.verdict
         return {"attempt": self.number, "job_id": self.job_id, "hosts": self.hosts, "master": self.master,
                 "run_dir": str(self.run_dir), "started_at": self.started_at, "ended_at": self.ended_at,
                 "exit_code": self.exit_code, "steps": self.steps, "checkpointed": self.checkpointed,
-                "root_cause": self.root_cause,
+                "root_cause": self.root_cause, "findings": self.findings,
                 "failure": None if v is None else {"class": v.kind.value, "reason": v.reason,
                                                    "hosts": list(v.hosts), "step": v.step}}
 
@@ -377,7 +378,7 @@ class Restarts:
             record = AttemptRecord(number, attempt.job_id, [h.name for h in job.hosts], attempt.run_dir, started,
                                    time.time(), result.exit_code, steps=result.steps,
                                    checkpointed=result.checkpointed, master=job.master_host.name,
-                                   root_cause=_root_cause(result))
+                                   root_cause=_root_cause(result), findings=list(result.findings))
             self.run.attempts.append(record)
             self.run.result = result
             if result.ok:

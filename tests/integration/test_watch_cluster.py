@@ -1,6 +1,7 @@
 """Watching a running job on the real cluster (2 hosts x 2 ranks, gloo): the straggler named with
-its host and side, nothing named on a balanced or noisy run, and a stall's verdict naming the
-collective and the rank that never entered it (asleep, SIGSTOPped, or having skipped it)."""
+its host and side, nothing named on a balanced or noisy run, a stall's verdict naming the
+collective and the rank that never entered it (asleep, SIGSTOPped, or having skipped it), creeping
+memory and an idle (fake) GPU from the nodes' samples; and the straggler and a stall on Slurm."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ import pytest
 from tests.cluster import Cluster
 from tests.ddpctl_run import REPO, no_job_processes, only_summary, run_ddpctl, ssh_args, wait_for, write_job
 from tests.fake_gpu import fake_nvidia_smi
+from tests.slurm_cluster import SlurmCluster
+from tests.slurm_run import active_jobs, ddpctl, slurm_job, summary
 
 pytestmark = pytest.mark.cluster
 
@@ -87,6 +90,7 @@ def test_a_stall_names_the_collective_and_the_rank_that_never_entered_it(
     assert where in out.stderr
     (finding,) = [f for f in summary["findings"] if f["kind"] == "hang"]
     assert finding["rank"] == rank
+    assert "\nfirst failure: hang: the job waits in all_reduce #" in out.stderr  # the cause, not a victim
 
 
 def test_memory_that_keeps_rising_is_a_finding_and_every_sample_is_in_the_report(
@@ -119,3 +123,28 @@ def test_an_idle_gpu_of_the_job_is_a_finding_and_its_samples_are_in_the_report(
     assert {tuple(s["gpu_mem_total_mib"]) for s in samples if s["host"] == "node0"} == {(81559, 81559)}
     assert all(s["gpu_util"] == [] for s in samples if s["host"] == "node1")
     assert "GPU 0" in (run_dir / "report.html").read_text()
+
+
+def slurm_watched(tmp_path: Path, name: str, args: list[str], watch: str = "") -> Path:
+    job = slurm_job(tmp_path, name, WATCHED.read_text(), ["--step-ms", "60", *args])
+    job.write_text(job.read_text() + "[watch]\npulse = 2\n" + watch)
+    return job
+
+
+def test_on_slurm_the_straggler_is_named_and_a_stall_gets_its_verdict_through_the_allocation(
+        slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    slow = slurm_watched(tmp_path, "slurm-slow", ["--steps", "70", "--slow-rank", "3", "--slow-ms", "40",
+                                                  "--slow-after", "15"])
+    out = ddpctl(slurm_cluster, "up", str(slow), cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "straggler: rank 3 on node1 is " in out.stderr and "before its forward pass" in out.stderr
+    assert [f["rank"] for f in summary(tmp_path)["findings"] if f["kind"] == "straggler"] == [3]
+    hung = tmp_path / "hung"
+    hung.mkdir()
+    job = slurm_watched(hung, "slurm-hang", ["--steps", "1000", "--hang-rank", "2", "--hang-at", "12"],
+                        watch="hang_after = 3\n")
+    out = ddpctl(slurm_cluster, "up", str(job), "--on-hang", "stop", "--grace", "3", cwd=hung)
+    assert out.returncode == 1, out.stderr[-3000:]
+    assert "ranks 0, 1, 3 entered, rank 2 never did (node1) — rank 2 is in `load_batch` at" in out.stderr
+    assert [f["rank"] for f in summary(hung)["findings"] if f["kind"] == "hang"] == [2]
+    assert active_jobs(slurm_cluster) == []

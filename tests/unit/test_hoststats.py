@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from top_fakes import fake_job, install_fake_nvidia_smi, recorded
 
-from node_agent import hoststats, top
+from node_agent import hoststats, runstate, top
 from node_agent.factparse import parse_nvidia_gpu_stats, parse_proc_net_dev
 
 H100 = "NVIDIA H100 80GB HBM3"
@@ -283,10 +283,14 @@ def test_a_named_job_is_found_without_reading_every_run(state_root: Path, monkey
     state("rs-20250101-000000-cccc.1", "rs", "rs-20250101-000000-cccc")
     state("my-job-20250101-000000-dddd", "my job")
     read: list[str] = []
-    monkeypatch.setattr(top, "read_json", lambda path: read.append(path.parts[-3]) or json.loads(path.read_text()))
-    assert [s["job_id"] for s in top.job_states("toy")] == ["toy-20250101-000000-aaaa"]
+    monkeypatch.setattr(runstate, "read_json",
+                        lambda path: read.append(path.parts[-3]) or json.loads(path.read_text()))
+
+    def states(job: str) -> list[str]:
+        return [s["job_id"] for s in runstate.iter_states(job)]
+
+    assert states("toy") == ["toy-20250101-000000-aaaa"]
     assert read == ["toy-20250101-000000-aaaa", "toy2-20250101-000000-bbbb"]
-    assert [s["job_id"] for s in top.job_states("rs-20250101-000000-cccc")] == \
-        ["rs-20250101-000000-cccc.0", "rs-20250101-000000-cccc.1"]
-    assert [s["job_id"] for s in top.job_states("my job")] == ["my-job-20250101-000000-dddd"]  # every run read
-    assert top.job_states("nothing") == []
+    assert states("rs-20250101-000000-cccc") == ["rs-20250101-000000-cccc.0", "rs-20250101-000000-cccc.1"]
+    assert states("my job") == ["my-job-20250101-000000-dddd"]  # every run read
+    assert states("nothing") == []
