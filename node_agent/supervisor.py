@@ -44,8 +44,8 @@ from node_agent.runstate import (
     JOB_ENV,
     NODE_RANK_ENV,
     STOPPED_BY_DOWN,
+    JobScan,
     end_job,
-    job_pids,
     proc_start_ticks,
     read_json,
     state_dir,
@@ -395,10 +395,11 @@ class Supervisor:
         visible = [v.strip() for v in str((self.request.get("env") or {}).get("CUDA_VISIBLE_DEVICES", "")).split(",")
                    if v.strip()]
         gpus_here = True
-        before = reader.sample(job_pids(self.job_id, self.node_rank))
+        scan = JobScan(self.job_id, self.node_rank)  # reads only the environments of new pids
+        before = reader.sample(scan())
         then = time.monotonic()
         while not self.stopping.wait(every) and self.proc.poll() is None:
-            after = reader.sample(job_pids(self.job_id, self.node_rank))
+            after = reader.sample(scan())
             now = time.monotonic()
             cpu, rss = cpu_and_rss(before, after, now - then)
             before, then = after, now

@@ -77,7 +77,7 @@ def up(job: JobSpec, *, nproc_per_node: NprocSpec | None = None, master_port: in
                             free_port=free_port, runs_dir=Path(runs_dir), checks=checks, join_timeout=join_timeout,
                             lost_after=lost_after, sync=sync)
     with _backend(spec, ssh_config, known_hosts, accept_new_host_keys, parallel, connect_timeout) as runner:
-        return core.launch(spec, runner, observer or Plain(), options)
+        return core.launch(spec, runner, observer or Plain(spec.watch.pulse), options)
 
 
 def plan(job: JobSpec, *, nproc_per_node: NprocSpec | None = None, master_port: int | str | None = None,

@@ -112,8 +112,8 @@ def _stuck_in(group: str, answered: list[RankRecords], silent: list[RankRecords]
     last = {r.rank: _last(r, group) for r in members}
     top = max((c.seq for c in last.values() if c is not None), default=0)
     ahead = {rank: c for rank, c in last.items() if c is not None and c.seq == top}
-    if not ahead or (all(c.done for c in ahead.values()) and len(ahead) == len(members) and not silent):
-        return None  # every member returned from its last one: not stuck here
+    if not ahead or (all(c.done for c in ahead.values()) and len(ahead) == len(members)):
+        return None  # every member that answered returned from its last one (a silent rank entered it too)
     ops = sorted({c.op for c in ahead.values()})
     behind = [r for r in members if r.rank not in ahead]
     in_flight = [rank for rank, c in ahead.items() if not c.done]

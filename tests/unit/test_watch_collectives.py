@@ -213,3 +213,12 @@ def test_to_json_round_trips_every_field() -> None:
     again = CollectiveVerdict(data["text"], data["group"], data["seq"], data["op"], tuple(data["entered"]),
                               tuple(data["missing"]))
     assert again == found
+
+
+def test_a_silent_rank_is_not_said_to_have_missed_a_collective_its_peers_returned_from() -> None:
+    """The others could only return from #16 if rank 1 entered it: rank 1 is silent, not behind."""
+    ranks = [rank(0, upto(16)), rank(1, None, why="the process is stopped (state T)"), rank(2, upto(16)),
+             rank(3, upto(16))]
+    found = verdict(ranks)
+    assert found is not None and found.seq is None and found.missing == (1,)
+    assert found.text == "rank 1 on node0 did not answer: the process is stopped (state T)"
