@@ -245,9 +245,13 @@ def _wrap_init(module: Any) -> None:
 
 
 class _Dumper(object):
-    """The side thread that answers dump requests, started once the process group is up."""
+    """The side thread that answers dump requests, started once the process group is up. It is a
+    daemon (a rank blocked for good must still exit), but it is ended and joined at exit, before
+    the interpreter finalizes: a daemon thread that wakes up during finalization is ended there by
+    pthread_exit, which a C++ frame on its way can turn into std::terminate."""
 
     started = False
+    done = threading.Event()
 
     @classmethod
     def start(cls) -> None:
@@ -260,14 +264,19 @@ class _Dumper(object):
         thread = threading.Thread(target=cls.watch, args=(where, threading.main_thread().ident),
                                   name="ddpctl-dumps", daemon=True)
         thread.start()
+        atexit.register(cls.stop, thread)
+
+    @classmethod
+    def stop(cls, thread: threading.Thread) -> None:
+        cls.done.set()
+        thread.join(DUMP_POLL * 4)
 
     @classmethod
     def watch(cls, where: str, main: Optional[int]) -> None:
         request = os.path.join(where, DUMP_REQUEST)
         answered = ""
         seen: Optional[int] = None
-        while True:
-            time.sleep(DUMP_POLL)
+        while not cls.done.wait(DUMP_POLL):
             try:
                 mtime = os.stat(request).st_mtime_ns
                 if mtime == seen:

@@ -403,6 +403,8 @@ class Supervisor:
             now = time.monotonic()
             cpu, rss = cpu_and_rss(before, after, now - then)
             before, then = after, now
+            if not after:
+                continue  # its processes are gone (the job is ending): nothing to say
             fields: Dict[str, Any] = {"cpu_percent": cpu, "rss_bytes": rss, "processes": len(after)}
             if gpus_here:
                 gpus = gpu_sample()

@@ -60,6 +60,8 @@ def test_agent_ops_run_on_python_3_8() -> None:
     facts = call_agent(t, "facts", {"python": str(PY38), "workdir": "/tmp", "master_addr": "127.0.0.1",
                                     "master_port": 29500}).result
     assert "facts" in facts
+    assert call_agent(t, "top", {"job": None, "interval": 0}).result["nodes"] == []
+    assert call_agent(t, "stacks", {"job": "no-such-job"}).result["ranks"] == []
 
 
 def test_unknown_op_and_garbage_become_host_errors() -> None:
