@@ -51,6 +51,14 @@ def gpu_sample(run: Optional[Runner] = None) -> Dict[str, Any]:
     return parsed
 
 
+def gpu_select(env: Dict[str, str]) -> Optional[List[str]]:
+    """The GPUs a job's CUDA_VISIBLE_DEVICES names (indices or UUIDs); None: it names none, all."""
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return None
+    return [v.strip() for v in visible.split(",") if v.strip()]
+
+
 def _psutil() -> Any:
     """The psutil module where this host's interpreter has it, else None."""
     add_site_packages()  # the agent starts without them (python -S)

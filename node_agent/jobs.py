@@ -13,14 +13,13 @@ from pathlib import Path
 
 from node_agent.factparse import parse_nvidia_apps
 from node_agent.loops import stop as stop_loops
-from node_agent.procfs import alive
 from node_agent.protocol import emit_event
 from node_agent.runstate import (
     DOWN_MARK,
     end_job,
     iter_states,
     job_pids,
-    proc_start_ticks,
+    launcher_running,
     read_json,
     write_json_atomic,
 )
@@ -32,11 +31,6 @@ if TYPE_CHECKING:  # typing is for the checker only (node_agent/__init__.py)
 LOG_BLOCK = 1 << 18  # bytes of output.log sent as one event at most
 INDEX_BLOCK = 1 << 16  # bytes of output.idx read at a time
 TORCHRUN_PREFIX = re.compile(r"^\[[A-Za-z_]*?(\d+)\]:")  # torchrun --tee's "[default3]:"
-
-
-def _running(state: Dict[str, Any]) -> bool:
-    pid = state.get("pid")
-    return bool(pid) and alive(int(pid)) and proc_start_ticks(int(pid)) == state.get("start_ticks")
 
 
 def _gpu_memory_by_pid() -> Dict[int, int]:
@@ -57,7 +51,7 @@ def ps(request: Dict[str, Any], control: BinaryIO) -> Dict[str, Any]:
     gpu = _gpu_memory_by_pid()
     jobs = []
     for state in iter_states(request.get("job")):
-        if not _running(state):
+        if not launcher_running(state):
             continue
         pids = job_pids(state["job_id"], state.get("node_rank"))
         jobs.append({
@@ -80,7 +74,7 @@ def down(request: Dict[str, Any], control: BinaryIO) -> Dict[str, Any]:
     stopped = []
     for state in iter_states(request["job"]):
         job_id, node_rank = state["job_id"], state.get("node_rank")
-        pgid = int(state["pgid"]) if _running(state) else None
+        pgid = int(state["pgid"]) if launcher_running(state) else None
         if pgid is None and not job_pids(job_id, node_rank):
             continue
         with contextlib.suppress(OSError, KeyError):  # the supervisor tells its control plane who stopped it
@@ -284,10 +278,10 @@ def logs(request: Dict[str, Any], control: BinaryIO) -> Dict[str, Any]:
     follow = bool(request.get("follow"))
     offset = 0
     while True:
-        last = not follow or not _running(state)
+        last = not follow or not launcher_running(state)
         offset = _send_pass(path, offset, index, labels, last)
         if last:
             break
         time.sleep(0.2)
     return {"found": True, "job_id": state["job_id"], "node_rank": state.get("node_rank"),
-            "log": str(path), "running": _running(state), "exit_code": 0}
+            "log": str(path), "running": launcher_running(state), "exit_code": 0}

@@ -141,6 +141,12 @@ def job_pids(job_id: str, node_rank: Optional[int] = None) -> List[int]:
     return JobScan(job_id, node_rank)()
 
 
+def launcher_running(state: Dict[str, Any]) -> bool:
+    """The node's torchrun, as its state names it, still runs (the same process: pid and start time)."""
+    pid = state.get("pid")
+    return bool(pid) and alive(int(pid)) and proc_start_ticks(int(pid)) == state.get("start_ticks")
+
+
 def job_is_supervised(job_id: str) -> bool:
     """A ddpctl job whose supervisor on this host still runs it: live, not stale."""
     for state in iter_states(job_id):

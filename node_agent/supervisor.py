@@ -33,7 +33,7 @@ import threading
 import time
 
 from node_agent.attach import listen, serve
-from node_agent.hoststats import ProcReader, cpu_and_rss, gpu_sample
+from node_agent.hoststats import ProcReader, cpu_and_rss, gpu_sample, gpu_select
 from node_agent.lines import whole_lines
 from node_agent.nccl_log import parse_files
 from node_agent.procfs import read_stat
@@ -384,16 +384,15 @@ class Supervisor:
         return errors
 
     def watch_host(self) -> None:
-        """Every `sample_every` seconds while torchrun runs: the job's GPUs (nvidia-smi's query, the
-        ones CUDA_VISIBLE_DEVICES names) and its processes' CPU and memory, sent as a `sample`
+        """Every `sample_every` seconds while torchrun runs: the host's GPUs (nvidia-smi's query, with
+        the job's CUDA_VISIBLE_DEVICES to pick its own) and its processes' CPU and memory, sent as a `sample`
         event (orchestrator/watch/ finds an idle GPU or creeping memory in them). A host without
         nvidia-smi is asked once."""
         every = float(self.request.get("sample_every") or 0)
         if every <= 0 or self.uplink is None or self.proc is None:
             return
         reader = ProcReader()
-        visible = [v.strip() for v in str((self.request.get("env") or {}).get("CUDA_VISIBLE_DEVICES", "")).split(",")
-                   if v.strip()]
+        select = gpu_select({str(k): str(v) for k, v in (self.request.get("env") or {}).items()})
         gpus_here = True
         scan = JobScan(self.job_id, self.node_rank)  # reads only the environments of new pids
         before = reader.sample(scan())
@@ -409,9 +408,7 @@ class Supervisor:
             if gpus_here:
                 gpus = gpu_sample()
                 gpus_here = bool(gpus.get("nvidia_smi"))
-                fields["gpus"] = [g for g in gpus.get("gpus") or [] if not visible or g.get("index") is None
-                                  or str(g.get("index")) in visible or g.get("uuid") in visible]
-                fields["gpu_error"] = gpus.get("error")
+                fields.update(gpus=gpus.get("gpus") or [], gpu_error=gpus.get("error"), gpu_select=select)
             self.uplink.event("sample", **fields)
 
     def _thread(self, target: Any, *args: Any) -> threading.Thread:

@@ -18,10 +18,10 @@ import time
 from pathlib import Path
 
 from node_agent.factparse import parse_proc_net_route
-from node_agent.hoststats import ProcReader, cpu_and_rss, gpu_sample, nic_counters, nic_rates
+from node_agent.hoststats import ProcReader, cpu_and_rss, gpu_sample, gpu_select, nic_counters, nic_rates
 from node_agent.ifname import match_gloo, match_nccl, nccl_value_is_used
 from node_agent.procfs import alive, proc_environ, read_stat
-from node_agent.runstate import JobScan, iter_states, proc_start_ticks, read_json
+from node_agent.runstate import JobScan, iter_states, launcher_running, read_json
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing is for the checker only (node_agent/__init__.py)
@@ -31,11 +31,6 @@ MAX_INTERVAL_S = 30.0
 STALE_MIN_S = 5.0  # a step record older than max(this, STALE_WINDOWS x its window) is a stalled rank
 STALE_WINDOWS = 3.0
 GPU_JOIN_S = 8.0  # nvidia-smi's own timeout (5 s) and some
-
-
-def _running(state: Dict[str, Any]) -> bool:
-    pid = state.get("pid")
-    return bool(pid) and alive(int(pid)) and proc_start_ticks(int(pid)) == state.get("start_ticks")
 
 
 def _ended(state: Dict[str, Any]) -> str:
@@ -184,7 +179,7 @@ class Node(object):
 
     def __init__(self, state: Dict[str, Any]) -> None:
         self.state = state
-        self.running = _running(state)
+        self.running = launcher_running(state)
         self.scan = JobScan(state["job_id"], state.get("node_rank"))  # called again, it reads only new pids
         self.pids: List[int] = self.scan() if self.running else []
         self.rank_envs = rank_processes(self.pids)
@@ -202,13 +197,6 @@ class Node(object):
     def expected_ranks(self) -> Optional[int]:
         nproc = _flag([str(a) for a in self.state.get("argv") or ()], "--nproc-per-node", "--nproc_per_node")
         return int(nproc) if nproc and nproc.isdigit() else None
-
-    def gpu_select(self) -> Optional[List[str]]:
-        """The GPUs the job's CUDA_VISIBLE_DEVICES names (indices or UUIDs); None: all."""
-        visible = self.env.get("CUDA_VISIBLE_DEVICES")
-        if visible is None:
-            return None
-        return [v.strip() for v in visible.split(",") if v.strip()]
 
     def report(self, cpu_pct: Optional[float], rss: Optional[int], rates: Tuple[Optional[float], Optional[float]],
                now: float) -> Dict[str, Any]:
@@ -230,7 +218,7 @@ class Node(object):
             "iface": ",".join(self.ifaces) or None, "iface_source": self.iface_source or None,
             "tx_bytes_per_s": rates[0], "rx_bytes_per_s": rates[1],
             "cpu_pct": cpu_pct, "rss_bytes": rss, "processes": len(self.pids),
-            "gpu_select": self.gpu_select() if self.running else None,
+            "gpu_select": gpu_select(self.env) if self.running else None,
         }
 
 

@@ -21,7 +21,7 @@ from orchestrator.remote.agent import call_agent
 from orchestrator.remote.pool import HostPool
 from orchestrator.remote.slurm import SlurmClient, on_every_node
 from orchestrator.remote.transport import Transport
-from orchestrator.remote.wire import GpuStat, HostTop, TopNode, parse_top
+from orchestrator.remote.wire import HostTop, TopNode, parse_top, selected_gpus
 
 DEFAULT_INTERVAL_S = 2.0
 REPLY_SLACK_S = 15.0  # a host's reply may come this long after its sampling interval
@@ -108,20 +108,6 @@ class TopReport:
 
 
 # -- rows -----------------------------------------------------------------------------------------
-
-def selected_gpus(gpus: Sequence[GpuStat], select: Sequence[str] | None) -> list[GpuStat]:
-    """The GPUs a node's CUDA_VISIBLE_DEVICES names (indices, or UUIDs and their prefixes), and
-    every GPU the driver cannot reach (its index is unknown: it may be one of them)."""
-    if select is None:
-        return list(gpus)
-    picked = []
-    for g in gpus:
-        by_index = g.index is not None and str(g.index) in select
-        by_uuid = g.uuid is not None and any(s.startswith(("GPU-", "MIG-")) and g.uuid.startswith(s) for s in select)
-        if by_index or by_uuid or g.index is None:
-            picked.append(g)
-    return picked
-
 
 def _gpu_fields(host: HostTop, select: Sequence[str] | None) -> dict[str, Any]:
     gpus = selected_gpus(host.gpus, select)

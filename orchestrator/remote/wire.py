@@ -512,10 +512,6 @@ def decode_log_event(host: str, fields: Mapping[str, Any]) -> list[LogLine]:
 
 # -- top -----------------------------------------------------------------------------------------
 
-def _number_or_none(value: Any) -> float | None:
-    return None if value is None else float(value)
-
-
 def _text_or_none(value: Any) -> str | None:
     return None if value is None else str(value)
 
@@ -540,10 +536,24 @@ class GpuStat:
         return f"GPU {self.index}" if self.index is not None else f"GPU {self.bus_id or '?'}"
 
 
+def selected_gpus(gpus: Sequence[GpuStat], select: Sequence[str] | None) -> list[GpuStat]:
+    """The GPUs a node's CUDA_VISIBLE_DEVICES names (indices, or UUIDs and their prefixes), and
+    every GPU the driver cannot reach (its index is unknown: it may be one of them)."""
+    if select is None:
+        return list(gpus)
+    picked = []
+    for g in gpus:
+        by_index = g.index is not None and str(g.index) in select
+        by_uuid = g.uuid is not None and any(s.startswith(("GPU-", "MIG-")) and g.uuid.startswith(s) for s in select)
+        if by_index or by_uuid or g.index is None:
+            picked.append(g)
+    return picked
+
+
 def parse_gpu_stat(g: Mapping[str, Any]) -> GpuStat:
     return GpuStat(_int_or_none(g.get("index")), _text_or_none(g.get("uuid")), _text_or_none(g.get("name")),
-                   _number_or_none(g.get("util_pct")), _number_or_none(g.get("memory_used_mib")),
-                   _number_or_none(g.get("memory_total_mib")), _number_or_none(g.get("power_w")),
+                   _float_or_none(g.get("util_pct")), _float_or_none(g.get("memory_used_mib")),
+                   _float_or_none(g.get("memory_total_mib")), _float_or_none(g.get("power_w")),
                    _text_or_none(g.get("error")), _text_or_none(g.get("bus_id")))
 
 
@@ -566,9 +576,9 @@ class RankSteps:
 def parse_rank_steps(r: Mapping[str, Any]) -> RankSteps:
     rank = _int_or_none(r.get("rank"))
     return RankSteps(rank if rank is not None and rank >= 0 else None, _int_or_none(r.get("local_rank")),
-                     _int_or_none(r.get("step")), _int_or_none(r.get("total")), _number_or_none(r.get("age_s")),
-                     _number_or_none(r.get("steps_per_s")), _number_or_none(r.get("p50_ms")),
-                     _number_or_none(r.get("p95_ms")), bool(r.get("stalled")))
+                     _int_or_none(r.get("step")), _int_or_none(r.get("total")), _float_or_none(r.get("age_s")),
+                     _float_or_none(r.get("steps_per_s")), _float_or_none(r.get("p50_ms")),
+                     _float_or_none(r.get("p95_ms")), bool(r.get("stalled")))
 
 
 @dataclass(frozen=True)
@@ -601,9 +611,9 @@ def parse_top_node(n: Mapping[str, Any]) -> TopNode:
                    bool(n.get("running")), str(n.get("status") or ""), _int_or_none(n.get("exit_code")),
                    int(n.get("ranks_alive") or 0), _int_or_none(n.get("ranks_expected")),
                    tuple(parse_rank_steps(r) for r in n.get("ranks") or () if isinstance(r, Mapping)),
-                   _number_or_none(n.get("log_age_s")), _text_or_none(n.get("iface")),
-                   _text_or_none(n.get("iface_source")), _number_or_none(n.get("tx_bytes_per_s")),
-                   _number_or_none(n.get("rx_bytes_per_s")), _number_or_none(n.get("cpu_pct")),
+                   _float_or_none(n.get("log_age_s")), _text_or_none(n.get("iface")),
+                   _text_or_none(n.get("iface_source")), _float_or_none(n.get("tx_bytes_per_s")),
+                   _float_or_none(n.get("rx_bytes_per_s")), _float_or_none(n.get("cpu_pct")),
                    _int_or_none(n.get("rss_bytes")), int(n.get("processes") or 0),
                    None if select is None else _strs(select))
 
@@ -643,10 +653,16 @@ class HostSample:
     rss_bytes: int | None
     gpus: tuple[GpuStat, ...] = ()
     gpu_error: str | None = None
+    gpu_select: tuple[str, ...] | None = None  # the job's CUDA_VISIBLE_DEVICES; None: every GPU
+
+    @property
+    def job_gpus(self) -> list[GpuStat]:
+        return selected_gpus(self.gpus, self.gpu_select)
 
 
 def parse_sample(fields: Mapping[str, Any]) -> HostSample:
     raw = fields.get("gpus")
     gpus = tuple(parse_gpu_stat(g) for g in raw if isinstance(g, Mapping)) if isinstance(raw, list) else ()
-    return HostSample(_number_or_none(fields.get("cpu_percent")), _int_or_none(fields.get("rss_bytes")), gpus,
-                      _text_or_none(fields.get("gpu_error")))
+    select = fields.get("gpu_select")
+    return HostSample(_float_or_none(fields.get("cpu_percent")), _int_or_none(fields.get("rss_bytes")), gpus,
+                      _text_or_none(fields.get("gpu_error")), None if select is None else _strs(select))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -169,10 +170,11 @@ class Watch:
     def on_sample(self, host: str, sample: HostSample, now: float | None = None) -> list[Finding]:
         """A node's sample: kept for the report; an idle GPU or creeping memory is a finding."""
         now = time.monotonic() if now is None else now
+        gpus = sample.job_gpus
         self.samples.append({
             "t": round(time.time() - self.started, 3), "host": host,
-            "gpu_util": [g.util_pct for g in sample.gpus], "gpu_mem_used_mib": [g.memory_used_mib for g in sample.gpus],
-            "gpu_mem_total_mib": [g.memory_total_mib for g in sample.gpus], "power_w": [g.power_w for g in sample.gpus],
+            "gpu_util": [g.util_pct for g in gpus], "gpu_mem_used_mib": [g.memory_used_mib for g in gpus],
+            "gpu_mem_total_mib": [g.memory_total_mib for g in gpus], "power_w": [g.power_w for g in gpus],
             "cpu_percent": sample.cpu_percent,
             "rss_mib": round(sample.rss_bytes / 2**20, 1) if sample.rss_bytes is not None else None})
         if len(self.samples) > POINTS * 4:
@@ -190,7 +192,7 @@ class Watch:
 
     def _idle(self, host: str, sample: HostSample, now: float) -> list[Finding]:
         found = []
-        for gpu in sample.gpus:
+        for gpu in sample.job_gpus:
             key = (host, gpu.label)
             if gpu.util_pct is None or gpu.util_pct > IDLE_UTIL_PCT or self.last_step_at is None:
                 self.idle_since.pop(key, None)
@@ -205,7 +207,7 @@ class Watch:
     def _creep(self, host: str, sample: HostSample) -> list[Finding]:
         if self.last_step_at is None:
             return []  # start-up (imports, data loading, caches) is not a leak
-        used = [g.memory_used_mib for g in sample.gpus if g.memory_used_mib is not None]
+        used = [g.memory_used_mib for g in sample.job_gpus if g.memory_used_mib is not None]
         found = []
         for what, mib in (("RSS", sample.rss_bytes / 2**20 if sample.rss_bytes is not None else None),
                           ("GPU memory", sum(used) if used else None)):
@@ -298,8 +300,4 @@ class Watch:
 
 
 def _median_or_none(values: Sequence[float]) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    middle = len(ordered) // 2
-    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+    return float(statistics.median(values)) if values else None
