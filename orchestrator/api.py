@@ -68,7 +68,7 @@ def up(job: JobSpec, *, nproc_per_node: NprocSpec | None = None, master_port: in
     Output goes to `observer` (default: printed as `[host:rank] line`); `launch.observer.Collected`
     keeps it instead. A pre-launch check that fails raises `launch.preflight.ChecksFailed` with
     doctor's findings (`checks=False` skips them); `join_timeout` and `lost_after` (seconds a silent
-    host may stay out of reach: README's fault model) override the job file's. With [sync], the
+    host may stay out of reach: docs/running.md's fault model) override the job file's. With [sync], the
     source goes to every host first (`sync=False` skips it). The result's `loss` names a host that
     was lost, where that is the cause."""
     spec = load(job, nproc_per_node=nproc_per_node, master_port=master_port, env=env, hosts=hosts,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import atexit
 import gc
 import importlib
+import inspect
 import sys
 from collections.abc import Sequence
 from typing import Annotated
@@ -49,7 +50,9 @@ def build(only: str | None = None) -> typer.Typer:
     """The app with every command, or with `only` that one."""
     cli = typer.Typer(
         name="ddpctl",
-        help="Diagnose, launch and clean up multi-node PyTorch DDP jobs over SSH.",
+        help="Diagnose, launch and clean up multi-node PyTorch DDP jobs over SSH or Slurm.",
+        epilog="Start with `ddpctl doctor job.toml`, then `ddpctl up job.toml`. What a doctor finding means: "
+               "`ddpctl doctor --explain CHECK`. Every command's --help ends with examples.",
         no_args_is_help=True,
         add_completion=True,
         pretty_exceptions_enable=False,
@@ -57,8 +60,17 @@ def build(only: str | None = None) -> typer.Typer:
     cli.callback()(root)
     for name, (module, function) in COMMANDS.items():
         if only in (None, name):
-            cli.command(name)(getattr(importlib.import_module(f"orchestrator.commands.{module}"), function))
+            command = getattr(importlib.import_module(f"orchestrator.commands.{module}"), function)
+            cli.command(name, short_help=summary(command))(command)
     return cli
+
+
+def summary(command: object) -> str:
+    """A command's line in `ddpctl --help`: its docstring's first sentence, unwrapped (the
+    docstring's own line breaks would cut it mid-sentence)."""
+    paragraph = " ".join((inspect.getdoc(command) or "").split("\n\n")[0].split())
+    sentence, dot, _ = paragraph.partition(". ")
+    return sentence + "." if dot else paragraph
 
 
 def command_named(args: Sequence[str]) -> str | None:

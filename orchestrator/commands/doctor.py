@@ -92,11 +92,22 @@ def doctor_command(
         rich_help_panel="Launch-path checks")] = "64M",
     runs_dir: Annotated[Path, typer.Option("--runs-dir", help="Where launch-path check logs go.",
                                            rich_help_panel="Launch-path checks")] = Path("runs"),
+    explain_check: Annotated[str | None, typer.Option(
+        "--explain", metavar="CHECK", help="Print what CHECK's findings mean and their fixes (a column's "
+        "name: ssh, fw, if, …), and contact no host.")] = None,
 ) -> None:
     """Check every host (SSH, torch, versions, firewall, ports, NCCL/Gloo interfaces, DNS, clock).
 
     Exit 0 with no errors, 1 with any (--strict: or warnings), 2 for bad input.
+
+    \b
+    Examples:
+      ddpctl doctor job.toml               # every check on the job's hosts
+      ddpctl doctor -i hosts.toml --smoke  # then a real all_reduce across them
     """
+    if explain_check is not None:
+        explain(explain_check)
+        return
     target = load_target(job_file, inventory, master_port)
     job = target if isinstance(target, Job) else None
     if job is not None and job.slurm is not None and (smoke or bandwidth):
@@ -138,6 +149,24 @@ def doctor_command(
         if bw is not None and bw.table:
             render_bandwidth(bw, console)
     raise typer.Exit(report.exit_code(strict))
+
+
+def explain(name: str) -> None:
+    """`--explain CHECK`: the check's entry, as Markdown on a terminal, as its text elsewhere."""
+    from rich.markdown import Markdown
+
+    from orchestrator.doctor import explain as entries
+
+    check = entries.resolve(name)
+    if check is None:
+        names = ", ".join(f"{c} ({entries.SHORT[c]})" if c in entries.SHORT else c for c in entries.CHECK_ORDER)
+        raise ConfigError(f"doctor has no check {name!r}", key="--explain", hint=f"one of: {names}")
+    text = entries.entry(check)
+    if console.is_terminal:
+        console.print(Markdown(text))
+    else:
+        typer.echo(text, nl=False)
+    typer.echo(f"\n(also in {entries.docs_link(check)})")
 
 
 def run_launch_checks(report: Report, job: Job, backend: Backend, notice: Callable[[str], None], smoke: bool,

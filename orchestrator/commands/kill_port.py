@@ -36,12 +36,15 @@ PortArg = Annotated[int, typer.Argument(min=1, max=65535, help="The port to free
 
 
 def select_hosts(inventory: Path | None, names: list[str] | None, all_hosts: bool) -> list[Host]:
-    """This machine by default; else the named (or all) inventory hosts, each once."""
+    """This machine by default; else the named (or all) inventory hosts, each once. Without an
+    inventory a named host is reached as `ssh NAME` reaches it (ssh_config applies), so the fix that
+    doctor and `up` print for a held master port runs as printed."""
     if not names and not all_hosts:
         return [LOCALHOST]
     if inventory is None:
-        raise ConfigError("--host and --all need an inventory", key="--inventory",
-                          hint="pass -i hosts.toml (or a hostfile)")
+        if all_hosts:
+            raise ConfigError("--all needs an inventory", key="--inventory", hint="pass -i hosts.toml (or a hostfile)")
+        return [Host(name=name, address=name) for name in dict.fromkeys(names or [])]
     inv = load_inventory_arg(inventory)
     if all_hosts:
         return list(inv.hosts)
@@ -116,7 +119,8 @@ def report_json(port: int, reports: dict[str, PortReport], failed: dict[str, Any
 @handle_errors
 def kill_port_command(
     port: PortArg,
-    host: Annotated[list[str] | None, typer.Option("--host", help="Inventory host to act on (repeatable).")] = None,
+    host: Annotated[list[str] | None, typer.Option(
+        "--host", help="Host to act on (repeatable): an inventory host with -i, else as `ssh HOST`.")] = None,
     inventory: InventoryOpt = None,
     all_hosts: Annotated[bool, typer.Option("--all", help="Act on every inventory host.")] = False,
     udp: Annotated[bool, typer.Option("--udp", help="A UDP port instead of TCP.")] = False,
@@ -136,11 +140,18 @@ def kill_port_command(
     holder's process tree (a torchrun worker: its agent and all workers; SIGTERM, then SIGKILL
     after --grace), then verify the port is free on each host.
 
-    Without --host/--all it acts on this machine (no SSH). Without --force, other users'
-    processes and system services (pid 1, sshd, systemd) are refused, saying why. On a terminal
+    Without --host/--all it acts on this machine (no SSH); --host without -i is reached as `ssh
+    HOST` would. Without --force, other users' processes and system services (pid 1, sshd,
+    systemd) are refused, saying why. On a terminal
     it asks first; when stdin is not a terminal it refuses to kill unless --yes is given (exit 1).
     A port held only by TIME_WAIT sockets is reported, not killed. Exit 0 when the port is free
-    on every host asked (--dry-run included), 1 otherwise, 2 on bad input."""
+    on every host asked (--dry-run included), 1 otherwise, 2 on bad input.
+
+    \b
+    Examples:
+      ddpctl kill-port 29500 --dry-run            # only show who holds it
+      ddpctl kill-port 29500 -i hosts.toml --all  # free it on every host
+    """
     hosts = select_hosts(inventory, host, all_hosts)
     proto = "udp" if udp else "tcp"
     with make_pool(ssh_config, known_hosts, accept_new_host_keys, parallel, connect_timeout) as pool:

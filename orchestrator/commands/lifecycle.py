@@ -140,7 +140,13 @@ def ps_command(
     parallel: ParallelOpt = 64,
 ) -> None:
     """List ddpctl jobs running on each host: job id, node rank, pids, uptime, GPU memory; and,
-    where Slurm's client is configured here (or with --backend slurm), ddpctl's jobs in its queue."""
+    where Slurm's client is configured here (or with --backend slurm), ddpctl's jobs in its queue.
+
+    \b
+    Examples:
+      ddpctl ps -i hosts.toml           # ddpctl jobs on the inventory's hosts
+      ddpctl ps --backend slurm --json  # ddpctl's jobs in Slurm's queue, as JSON
+    """
     inv = load_inventory_arg(inventory)
     if backend is BackendChoice.slurm:
         with make_pool(ssh_config, known_hosts, accept_new_host_keys, parallel) as pool:
@@ -220,7 +226,13 @@ def down_command(
     accept_new_host_keys: AcceptNewOpt = False,
     parallel: ParallelOpt = 64,
 ) -> None:
-    """Stop a job on every host, from any machine, and report what was killed."""
+    """Stop a job on every host, from any machine, and report what was killed.
+
+    \b
+    Examples:
+      ddpctl down job.toml                        # stop what job.toml started
+      ddpctl down myjob -i hosts.toml --grace 30  # by id; 30 s before SIGKILL
+    """
     require_job_file(job)
     side = slurm_side(job, backend, login)
     if side is not None:
@@ -266,7 +278,13 @@ def logs_command(
     parallel: ParallelOpt = 64,
 ) -> None:
     """Replay (or follow) every host's output of a job: each line labelled with its host and rank,
-    the hosts' lines merged by time (with --follow: as they arrive)."""
+    the hosts' lines merged by time (with --follow: as they arrive).
+
+    \b
+    Examples:
+      ddpctl logs job.toml -f          # follow every host's output to the end
+      ddpctl logs myjob -i hosts.toml  # replay a job's output by its id
+    """
     require_job_file(job)
     side = slurm_side(job, backend, login)
     if side is not None:

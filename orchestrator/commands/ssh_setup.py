@@ -139,7 +139,13 @@ def ssh_setup_command(
 
     The password is asked once on the terminal (without echo), or read from standard input with
     --password-stdin; it is never printed, logged, written to disk or put on a command line.
-    Exit 0 when the key logs in to every host, 1 when any host failed, 2 for bad input."""
+    Exit 0 when the key logs in to every host, 1 when any host failed, 2 for bad input.
+
+    \b
+    Examples:
+      ddpctl ssh-setup job.toml --accept-new-host-keys  # one password for all
+      ddpctl ssh-setup -i hosts.toml --ask-each         # a password per host
+    """
     hosts = select_hosts(job_file, inventory)
     options = SetupOptions(key=key, ssh_config=ssh_config, known_hosts=tuple(known_hosts or ()),
                            accept_new_host_keys=accept_new_host_keys, parallel=parallel,

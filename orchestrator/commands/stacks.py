@@ -58,11 +58,12 @@ def stacks_command(
     """Dump the Python stack of every rank of a running job, grouped, and name the collective it waits in.
 
     Each rank's stack and its flight recorder's last collectives come from ddpctl's rank wrapper
-    (py-spy for a rank that cannot answer). Examples:
+    (py-spy for a rank that cannot answer).
 
-        ddpctl stacks myjob -i hosts.toml
-
-        ddpctl stacks myjob --backend slurm --json
+    \b
+    Examples:
+      ddpctl stacks myjob -i hosts.toml           # where each rank is now
+      ddpctl stacks myjob --backend slurm --json  # a Slurm job's ranks, as JSON
     """
     require_job_file(job)
     side = slurm_side(job, backend, login)

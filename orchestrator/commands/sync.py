@@ -46,7 +46,13 @@ def sync_command(
     parallel: ParallelOpt = 64,
     connect_timeout: ConnectTimeoutOpt = 10.0,
 ) -> None:
-    """Make every host's copy of the job's source match this machine's (only changed files go)."""
+    """Make every host's copy of the job's source match this machine's (only changed files go).
+
+    \b
+    Examples:
+      ddpctl sync job.toml --dry-run            # what would change on each host
+      ddpctl sync job.toml --hosts node0,node1  # only these two hosts
+    """
     job = load_job(job_file, JobOverrides(hosts=(hosts,) if hosts else None, backend="ssh"))
     with make_pool(ssh_config, known_hosts, accept_new_host_keys, parallel, connect_timeout) as pool:
         keep_out = (runs_dir,)

@@ -231,11 +231,12 @@ def top_command(
     memory and power (nvidia-smi), CPU % and RSS of the job's processes, tx/rx on the
     interface NCCL/Gloo uses, and the age of the last output line. A host that cannot be
     reached, or whose nvidia-smi fails, is a row with its error. Exits 1 when a host gave no
-    answer or the job runs nowhere (with --once or --json). Examples:
+    answer or the job runs nowhere (with --once or --json).
 
-        ddpctl top job.toml
-
-        ddpctl top myjob -i hosts.toml --once --json
+    \b
+    Examples:
+      ddpctl top job.toml                           # live table; Ctrl-C ends it
+      ddpctl top myjob -i hosts.toml --once --json  # one sample, as JSON
     """
     if job is not None:
         require_job_file(job)

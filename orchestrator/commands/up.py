@@ -363,7 +363,13 @@ def up_command(
     parallel: ParallelOpt = 64,
     connect_timeout: ConnectTimeoutOpt = 10.0,
 ) -> None:
-    """Launch torchrun on every host of the job, with the right node rank, and stream its output."""
+    """Launch torchrun on every host of the job, with the right node rank, and stream its output.
+
+    \b
+    Examples:
+      ddpctl up job.toml           # check the hosts, launch, stream the output
+      ddpctl up job.toml --detach  # start and return; then ddpctl logs <job> -f
+    """
     overrides = JobOverrides(
         nproc_per_node=parse_nproc(nproc_per_node), master_port=parse_port(master_port),  # type: ignore[arg-type]
         env=tuple(parse_env_assignment(e) for e in env or ()),

@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from orchestrator.doctor import explain
 from orchestrator.doctor.model import CheckStatus, Finding, Report
 
 SYMBOL = {
@@ -19,8 +20,6 @@ SYMBOL = {
     CheckStatus.SKIP: ("-", "dim"),
 }
 SHOWN = (CheckStatus.FAIL, CheckStatus.WARN, CheckStatus.INFO)
-SHORT = {"python": "py", "versions": "ver", "workdir": "wdir", "firewall": "fw", "ifname": "if",
-         "clock": "clk", "checkpoint": "ckpt", "restarts": "rst"}
 
 
 def table(report: Report) -> Table:
@@ -28,7 +27,7 @@ def table(report: Report) -> Table:
     t.add_column("host", style="bold", no_wrap=True,
                  min_width=min(30, max((len(h) for h in report.hosts), default=4)))
     for check in report.checks:
-        t.add_column(SHORT.get(check, check), justify="center", no_wrap=True)
+        t.add_column(explain.SHORT.get(check, check), justify="center", no_wrap=True)
     for host in report.hosts:
         cells = []
         for check in report.checks:
@@ -74,6 +73,8 @@ def finding_text(f: Finding, hosts: list[str] | None = None) -> Text:
     if f.fix:
         text.append("\n    fix: ", style="bold green")
         text.append(f.fix)
+    if f.check in explain.CHECK_ORDER:
+        text.append(f"\n    more: {explain.pointer(f.check)}", style="dim")
     return text
 
 
@@ -93,4 +94,8 @@ def render(report: Report, console: Console, strict: bool = False) -> None:
 
 
 def to_json(report: Report, strict: bool = False) -> str:
-    return json.dumps(report.to_json(strict), indent=2)
+    data = report.to_json(strict)
+    for finding in data["findings"]:  # where its check's entry is (ddpctl doctor --explain CHECK)
+        if finding["check"] in explain.CHECK_ORDER:
+            finding["explain"] = explain.docs_link(finding["check"])
+    return json.dumps(data, indent=2)

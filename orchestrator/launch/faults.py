@@ -1,6 +1,6 @@
 """The fault model of a running job: what counts as a lost host, after how long, on which side.
 
-Every limit is here, and README's table ("When a host goes quiet") is generated from `fault_table`
+Every limit is here, and docs/running.md's table ("The fault model") is generated from `fault_table`
 (tests/unit/test_faults.py checks that it is). A host's link to the control plane is in one of
 four states, each entered at a time the supervision records:
 
@@ -91,7 +91,7 @@ def judge(link: Link, quiet_s: float, limits: FaultLimits) -> LinkState | None:
 
 
 def fault_table(limits: FaultLimits | None = None) -> list[tuple[str, str, str]]:
-    """(what happens, after how long, on which side): README's table, from the code."""
+    """(what happens, after how long, on which side): docs/running.md's table, from the code."""
     lim = limits or FaultLimits()
     return [
         ("heartbeat sent (both ways)", f"every {lim.heartbeat_every:.0f} s", "control plane and node"),

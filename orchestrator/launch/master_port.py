@@ -58,4 +58,7 @@ def judge(host: str, port: int, fact: MasterPortFact | None) -> PortVerdict:
                            evidence, fix)
     who = ("in use (this agent cannot list port owners)" if fact.owners is None
            else "in use (owner not visible: run as root or as the owner)")
-    return PortVerdict(host, port, Holder.UNKNOWN, owners, f"master port {port} on {host} is {who}", evidence, fix)
+    # Neither kill-port nor --free-port sees an owner this user cannot see: move, or look as root.
+    unseen = (f'set master_port = "auto" in [rendezvous] (or ddpctl up --master-port auto), or look on {host} '
+              f'as root: sudo ss -ltnp "sport = :{port}"')
+    return PortVerdict(host, port, Holder.UNKNOWN, owners, f"master port {port} on {host} is {who}", evidence, unseen)

@@ -1,6 +1,6 @@
-"""From bare hosts to a first run, as README walks through it: two hosts that share no filesystem
-(with this machine or each other) and let our key in only once `ddpctl ssh-setup` has used their
-password to install it; then `ddpctl up` syncs the project there and runs real DDP over gloo."""
+"""From bare hosts to a first run, as docs/bare-hosts.md walks through it: two hosts that share no
+filesystem (with this machine or each other) and let our key in only once `ddpctl ssh-setup` has used
+their password to install it; then `ddpctl up` syncs the project there and runs real DDP over gloo."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The fault model on the real cluster (README: "When a host goes quiet"): a control-plane blip
+"""The fault model on the real cluster (docs/running.md: "The fault model"): a control-plane blip
 costs nothing, a host cut off or killed is named as lost and the job stops everywhere (on the
 cut-off host too, while it is still cut off), and SIGTERM/SIGHUP stop `up` as Ctrl-C does. Every
 test ends with no job process on any host."""

@@ -46,6 +46,7 @@ def test_render_shows_the_table_and_each_finding_with_its_fix() -> None:
     text = console.export_text()
     assert "node0" in text and "✗" in text
     assert "[ssh] node1: msg fail" in text and "fix: fix it" in text
+    assert "more: ddpctl doctor --explain ssh" in text  # every finding points to its entry
     assert "FAILED: 1 error(s)" in text
 
 
@@ -69,6 +70,25 @@ def test_doctor_on_this_machine_prints_json_and_exits_0() -> None:
     assert data["table"]["localhost"]["ssh"] == "ok"
     assert data["table"]["localhost"]["python"] == "ok"
     assert {f["check"] for f in data["findings"]} >= {"ssh", "python", "port", "dns", "clock"}
+    assert all(f["explain"] == f"docs/troubleshooting.md#doctor-{f['check']}" for f in data["findings"])
+
+
+@pytest.mark.parametrize("name", ["firewall", "fw", "FW", "ifname", "if", "alloc"])
+def test_explain_prints_the_checks_entry_without_contacting_a_host(name: str) -> None:
+    from orchestrator.doctor import explain
+
+    # an inventory that does not exist: --explain reads none
+    result = runner.invoke(app, ["doctor", "--explain", name, "-i", "/nonexistent/hosts.toml"])
+    check = explain.resolve(name)
+    assert result.exit_code == 0, result.output
+    assert check is not None and explain.entry(check).splitlines()[0] in result.output
+    assert f"docs/troubleshooting.md#doctor-{check}" in result.output
+
+
+def test_explain_of_an_unknown_check_lists_the_checks() -> None:
+    result = runner.invoke(app, ["doctor", "--explain", "firewal"])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert "doctor has no check 'firewal'" in result.output and "firewall (fw)" in result.output
 
 
 @pytest.mark.parametrize(("args", "text"), [

@@ -1,6 +1,6 @@
 """The fault model as data (orchestrator/launch/faults.py): how a host's link moves between
 connected, silent, re-attached and lost; which lost_after wins (flag, job file, default) and its
-floor; the node's own limit; README's table generated from the code; [supervise] in a job file."""
+floor; the node's own limit; docs/running.md's table generated from the code; [supervise] in a job file."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from orchestrator.launch.faults import (
     limits_for,
 )
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+RUNNING = Path(__file__).resolve().parents[2] / "docs" / "running.md"
 LIMITS = FaultLimits(lost_after=30.0, silent_after=8.0)
 C, S, R, L = LinkState.CONNECTED, LinkState.SILENT, LinkState.REATTACHED, LinkState.LOST
 
@@ -115,10 +115,10 @@ def test_the_markdown_table_has_a_header_and_one_line_per_row() -> None:
     assert lines[2:] == [f"| {what} | {when} | {side} |" for what, when, side in fault_table()]
 
 
-def test_readme_shows_the_fault_table_generated_from_the_code() -> None:
-    """README's "When a host goes quiet" is fault_table_markdown(), verbatim: regenerate it when a
+def test_the_docs_show_the_fault_table_generated_from_the_code() -> None:
+    """docs/running.md's fault model is fault_table_markdown(), verbatim: regenerate it when a
     limit changes."""
-    assert fault_table_markdown() in README.read_text(encoding="utf-8")
+    assert fault_table_markdown() in RUNNING.read_text(encoding="utf-8")
 
 
 def test_the_job_files_minimum_lost_after_is_the_fault_models() -> None:

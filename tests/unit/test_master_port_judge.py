@@ -25,7 +25,8 @@ LIVE = {"pid": 79, "user": "root", "cmdline": ["python", "train.py"], "ddpctl_jo
     ({"port": 29500, "bindable": False, "owners": [STALE, FOREIGN]}, Holder.FOREIGN, "pid 77", "--free-port"),
     ({"port": 29500, "bindable": False, "owners": None}, Holder.UNKNOWN, "cannot list port owners",
      'master_port = "auto"'),
-    ({"port": 29500, "bindable": False, "owners": []}, Holder.UNKNOWN, "owner not visible", "kill-port"),
+    ({"port": 29500, "bindable": False, "owners": []}, Holder.UNKNOWN, "owner not visible",
+     'sudo ss -ltnp "sport = :29500"'),  # kill-port and --free-port see no more than this user does
 ])
 def test_judge_names_the_holder_and_the_fix(fact: dict[str, Any], holder: Holder, text: str, fix: str) -> None:
     verdict = judge("node0", 29500, parse_master_port(fact))

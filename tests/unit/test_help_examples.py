@@ -1,0 +1,62 @@
+"""Every command's `--help` ends with real examples: `ddpctl <command> ...` lines, each flag one of its own."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import typer
+from typer.core import TyperGroup
+from typer.testing import CliRunner
+
+from orchestrator.cli import COMMANDS, build
+
+# An 80-column terminal (rich's width where CI forces a terminal): an example line must not wrap there.
+ENV = {"COLUMNS": "80", "NO_COLOR": "1", "TERM": "dumb"}
+ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
+
+
+def help_lines(name: str) -> list[str]:
+    result = CliRunner().invoke(build(), [name, "--help"], env=ENV)
+    assert result.exit_code == 0, result.output
+    return [ANSI.sub("", line).strip().strip("│").strip() for line in result.output.splitlines()]
+
+
+def own_flags(name: str) -> set[str]:
+    group = typer.main.get_command(build())
+    assert isinstance(group, TyperGroup)
+    command = group.commands[name]
+    return {opt for param in command.params for opt in (*param.opts, *param.secondary_opts) if opt.startswith("--")}
+
+
+def example_lines(name: str, lines: list[str]) -> list[str]:
+    """The `ddpctl <name>` lines at the end of the description (before the first panel) or after the last panel."""
+    first_panel = next(i for i, line in enumerate(lines) if line.startswith("╭"))
+    last_panel = max(i for i, line in enumerate(lines) if line.startswith("╰"))
+    description = [line for line in lines[:first_panel] if line]
+    after = [line for line in lines[last_panel + 1:] if line]
+
+    def trailing(block: list[str]) -> list[str]:
+        out: list[str] = []
+        for line in reversed(block):
+            if not line.startswith(f"ddpctl {name} "):
+                break
+            out.insert(0, line)
+        return out
+
+    return trailing(after) or trailing(description)
+
+
+@pytest.mark.parametrize("name", list(COMMANDS))
+def test_help_ends_with_examples_of_the_command(name: str) -> None:
+    examples = example_lines(name, help_lines(name))
+    assert 1 <= len(examples) <= 2, f"`ddpctl {name} --help` does not end with 1-2 `ddpctl {name} ...` lines"
+
+
+@pytest.mark.parametrize("name", list(COMMANDS))
+def test_every_flag_in_an_example_is_the_commands_own(name: str) -> None:
+    flags = own_flags(name)
+    for line in example_lines(name, help_lines(name)):
+        unknown = set(FLAG.findall(line)) - flags
+        assert not unknown, f"{line!r}: {sorted(unknown)} not options of `ddpctl {name}`"
