@@ -61,8 +61,17 @@ def build(only: str | None = None) -> typer.Typer:
     for name, (module, function) in COMMANDS.items():
         if only in (None, name):
             command = getattr(importlib.import_module(f"orchestrator.commands.{module}"), function)
-            cli.command(name, short_help=summary(command))(command)
+            text, examples = help_and_examples(command)
+            cli.command(name, help=text, short_help=summary(command), epilog=examples)(command)
     return cli
+
+
+def help_and_examples(command: object) -> tuple[str, str | None]:
+    """A command's docstring as its help, and the examples it ends with (a `\\b` paragraph that
+    opens with "Examples:") as the epilog, so that `--help` ends with them, after the options."""
+    doc = inspect.getdoc(command) or ""
+    text, marked, examples = doc.partition("\b\nExamples:")
+    return (text.rstrip(), "Examples:" + examples.rstrip()) if marked else (doc, None)
 
 
 def summary(command: object) -> str:

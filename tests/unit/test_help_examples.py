@@ -31,21 +31,14 @@ def own_flags(name: str) -> set[str]:
 
 
 def example_lines(name: str, lines: list[str]) -> list[str]:
-    """The `ddpctl <name>` lines at the end of the description (before the first panel) or after the last panel."""
-    first_panel = next(i for i, line in enumerate(lines) if line.startswith("╭"))
+    """The `ddpctl <name>` lines after the last panel (the options): what the help ends with."""
     last_panel = max(i for i, line in enumerate(lines) if line.startswith("╰"))
-    description = [line for line in lines[:first_panel] if line]
-    after = [line for line in lines[last_panel + 1:] if line]
-
-    def trailing(block: list[str]) -> list[str]:
-        out: list[str] = []
-        for line in reversed(block):
-            if not line.startswith(f"ddpctl {name} "):
-                break
-            out.insert(0, line)
-        return out
-
-    return trailing(after) or trailing(description)
+    out: list[str] = []
+    for line in reversed([line for line in lines[last_panel + 1:] if line]):
+        if not line.startswith(f"ddpctl {name} "):
+            break
+        out.insert(0, line)
+    return out
 
 
 @pytest.mark.parametrize("name", list(COMMANDS))
