@@ -1,7 +1,7 @@
 """The docs stay honest: README and docs/ links resolve; every command and flag they show exists;
-the job file's and the inventory's documented keys are the loader's; every check doctor can report
-has its troubleshooting entry, which names each message the check prints; every finding `up` prints
-has its entry too."""
+the job file's and the inventory's documented keys, defaults and examples are the loader's; every
+check doctor can report has its troubleshooting entry, which names each message the check prints;
+every finding `up` prints has its entry too."""
 
 from __future__ import annotations
 
@@ -176,6 +176,102 @@ def test_the_job_file_page_documents_exactly_the_keys_the_loader_accepts() -> No
     assert documented - env_rows == expected, (
         f"documented, not accepted: {sorted(documented - env_rows - expected)}; "
         f"accepted, not documented: {sorted(expected - documented)}")
+
+
+def key_rows(page: str) -> list[tuple[str, str, str]]:
+    """(key, default cell, last cell) of each reference-table row of a docs page."""
+    rows = []
+    for line in (DOCS / page).read_text(encoding="utf-8").splitlines():
+        if m := re.match(r"\|\s*`([a-z_]+\.[A-Za-z_<>]+)`\s*\|", line):
+            cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+            rows.append((m.group(1), cells[1], cells[-1]))
+    return rows
+
+
+def literal(cell: str) -> str | None:
+    """The TOML value a cell opens with in backticks (`29500`, `"static"`, `[]`); None for words
+    ("the job file's directory", "none")."""
+    m = re.match(r"`([^`]+)`", cell)
+    return m.group(1) if m and re.fullmatch(r'-?[\d.]+|"[^"]*"|true|false|\[\]|\{\}', m.group(1)) else None
+
+
+@pytest.fixture
+def job_dir(tmp_path: Path) -> Path:
+    (tmp_path / "train.py").write_text("")
+    (tmp_path / "hosts.toml").write_text('[[hosts]]\nname = "node[0-3]"\naddress = "198.18.0.[10-13]"\n')
+    return tmp_path
+
+
+def load_body(where: Path, body: str) -> object:
+    from inventory import load_job
+
+    path = where / "job.toml"
+    path.write_text(body)
+    return load_job(path)
+
+
+def job_text(table: str, line: str = "", key: str = "") -> str:
+    head = "" if table == "slurm" else 'inventory = "hosts.toml"\n'
+    script = "" if key in ("script", "module") else 'script = "train.py"\n'
+    if table == "job":
+        return f"{head}[job]\n{script}{line}\n"
+    return f"{head}[job]\n{script}[{table}]\n{line}\n"
+
+
+def test_each_documented_default_is_the_loaders(job_dir: Path) -> None:
+    """A key set to its documented default loads the same job as the key left out."""
+    from orchestrator.launch.faults import DEFAULT_LOST_AFTER
+
+    checked = 0
+    for key, default, _ in key_rows("job-file.md"):
+        table, name = key.split(".")
+        value = literal(default)
+        if value is None or table == "env":
+            continue
+        given = load_body(job_dir, job_text(table, f"{name} = {value}"))
+        if key == "supervise.lost_after":  # unset: the fault model's own default
+            assert float(value) == DEFAULT_LOST_AFTER
+            continue
+        assert given == load_body(job_dir, job_text(table)), f"{key}: {value} is not the loader's default"
+        checked += 1
+    assert checked >= 20
+
+
+def test_each_documented_example_loads(job_dir: Path) -> None:
+    from inventory import ConfigError
+
+    bad = []
+    for key, _, example in key_rows("job-file.md"):
+        table, name = key.split(".")
+        m = re.fullmatch(r"`([^`]+)`", example)
+        assert m, f"{key}: its example cell is one `key = value` line"
+        try:
+            load_body(job_dir, job_text(table, m.group(1), name))
+        except ConfigError as exc:
+            bad.append(f"{key}: {m.group(1)}: {exc.message}")
+    assert not bad, "\n".join(bad)
+
+
+def test_each_documented_inventory_default_is_the_loaders(tmp_path: Path) -> None:
+    from inventory import load_inventory
+
+    def load(text: str) -> object:
+        path = tmp_path / "hosts.toml"
+        path.write_text(text)
+        return load_inventory(path)
+
+    plain = load('[[hosts]]\nname = "node0"\n')
+    checked = 0
+    for key, default, _ in key_rows("cluster.md"):
+        table, name = key.split(".")
+        value = literal(default)
+        if value is None:
+            continue
+        text = (f"[defaults]\n{name} = {value}\n[[hosts]]\nname = \"node0\"\n" if table == "defaults"
+                else f'[[hosts]]\nname = "node0"\n{name} = {value}\n')
+        assert load(text).hosts == plain.hosts, f"{key}: the documented default {value} is not the loader's"
+        checked += 1
+    assert checked >= 5
 
 
 def test_the_cluster_page_documents_exactly_the_inventory_keys() -> None:
