@@ -141,9 +141,9 @@ def kill_port_command(
     after --grace), then verify the port is free on each host.
 
     Without --host/--all it acts on this machine (no SSH); --host without -i is reached as `ssh
-    HOST` would. Without --force, other users' processes and system services (pid 1, sshd,
-    systemd) are refused, saying why. On a terminal
-    it asks first; when stdin is not a terminal it refuses to kill unless --yes is given (exit 1).
+    HOST` would. Without --force, other users' processes and system services (sshd, systemd) are
+    refused, saying why; pid 1 and ddpctl's own session never are. On a terminal it asks first;
+    when stdin is not a terminal it refuses to kill unless --yes is given (exit 1).
     A port held only by TIME_WAIT sockets is reported, not killed. Exit 0 when the port is free
     on every host asked (--dry-run included), 1 otherwise, 2 on bad input.
 

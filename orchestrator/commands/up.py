@@ -17,6 +17,8 @@ from rich.text import Text
 
 from inventory import ConfigError, JobOverrides, NprocSpec, load_job, parse_env_assignment
 from inventory.gpus import show
+from inventory.jobfile import MAX_JOIN_TIMEOUT_S
+from inventory.restart import MAX_RESTARTS
 from inventory.slurm import node_hosts
 from orchestrator.commands.common import (
     AcceptNewOpt,
@@ -341,18 +343,20 @@ def up_command(
     no_sync: Annotated[bool, typer.Option(
         "--no-sync", help="Do not copy the source to the hosts first, though the job file has \\[sync].")] = False,
     no_checks: Annotated[bool, typer.Option(
-        "--no-checks", help="Skip the pre-launch checks (master port probe, names, interfaces, script).",
-        rich_help_panel="Hangs")] = False,
+        "--no-checks", help="Skip the pre-launch checks (master port probe, names, interfaces, script).")] = False,
     join_timeout: Annotated[float | None, typer.Option(
-        "--join-timeout", min=0, help="Ranks not all joined this many seconds after torchrun started: "
+        "--join-timeout", min=0, max=MAX_JOIN_TIMEOUT_S,
+        help="Ranks not all joined this many seconds after torchrun started: "
         "diagnose, stop, exit 1 (0: off; default: [rendezvous] join_timeout, 120).",
         rich_help_panel="Hangs")] = None,
     lost_after: Annotated[float | None, typer.Option(
-        "--lost-after", min=MIN_LOST_AFTER, help="A host out of reach this many seconds is lost and the job "
+        "--lost-after", min=MIN_LOST_AFTER, max=MAX_JOIN_TIMEOUT_S,
+        help="A host out of reach this many seconds is lost and the job "
         "stops; shorter silences are ridden out and the host re-attached (default: \\[supervise] lost_after, "
         f"{DEFAULT_LOST_AFTER:.0f}).", rich_help_panel="Hangs")] = None,
     max_restarts: Annotated[int | None, typer.Option(
-        "--max-restarts", min=0, help="Restart the job this many times in all after a failure: a faulty host "
+        "--max-restarts", min=0, max=MAX_RESTARTS,
+        help="Restart the job this many times in all after a failure: a faulty host "
         "is left out (spares take its place), a deterministic bug is not retried (default: \\[restart] "
         "max_restarts, 0).", rich_help_panel="Restarts")] = None,
     run_id: Annotated[str | None, typer.Option(
@@ -475,6 +479,8 @@ def print_detached(out: core.Detached) -> None:
         notice(f"detached: submitted Slurm job {out.report.slurm_job_id} ({job_id}). "
                f"Follow: ddpctl logs{where or ' ' + job_id} -f; stop: ddpctl down{where or ' ' + job_id}")
         raise typer.Exit(0)
+    inventory = out.plan.job.inventory.source  # the commands that find the job on its hosts, as printed
+    where = f" -i {shlex.quote(str(inventory))}" if inventory is not None else ""
     notice(f"detached: started on {len(out.report.started)} host(s). "
-           f"Follow: ddpctl logs {job_id} -f; stop: ddpctl down {job_id}")
+           f"Follow: ddpctl logs {job_id} -f{where}; stop: ddpctl down {job_id}{where}")
     raise typer.Exit(0 if not out.report.failed else 1)

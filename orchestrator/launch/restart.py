@@ -21,7 +21,8 @@ Progress is counted without code changes: the rank wrapper counts optimizer step
 
 Each attempt runs the whole launch again: [sync], doctor's pre-launch checks on its hosts (a host
 that fails them is left out like a faulty one, without spending the budget), a fresh rendezvous
-(its own job id and port; the master is the first host still in), and its own directory
+(its own job id; the master port settled again, "auto" a fresh one; the master the master_addr
+host while it is still in, else the first host still in), and its own directory
 `runs/<run id>/attempt-<n>/`; runs/<run id>/summary.json lists them all.
 """
 

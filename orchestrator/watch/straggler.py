@@ -4,7 +4,7 @@ timings can: the slow rank is the one that waits least in the all-reduce after i
 and the others wait for it by as much as it is behind. Where its time goes says which side is slow:
 before its forward pass (the input: data loading, preprocessing) or inside forward/backward (compute).
 
-The rank wrapper sends, about once a second, each rank's medians over its last steps
+The rank wrapper sends, about twice a second, each rank's medians over its last steps
 (orchestrator/remote/wire.py StepWindow). A round is complete when every rank has sent one; a rank
 that is the slowest by at least the threshold in two rounds in a row, over enough sampled
 iterations, is named once."""
