@@ -62,7 +62,7 @@ def build(only: str | None = None) -> typer.Typer:
         if only in (None, name):
             command = getattr(importlib.import_module(f"orchestrator.commands.{module}"), function)
             text, examples = help_and_examples(command)
-            cli.command(name, help=text, short_help=summary(command), epilog=examples)(command)
+            cli.command(name, help=text, short_help=summary(text), epilog=examples)(command)
     return cli
 
 
@@ -74,10 +74,10 @@ def help_and_examples(command: object) -> tuple[str, str | None]:
     return (text.rstrip(), "Examples:" + examples.rstrip()) if marked else (doc, None)
 
 
-def summary(command: object) -> str:
-    """A command's line in `ddpctl --help`: its docstring's first sentence, unwrapped (the
+def summary(text: str) -> str:
+    """A command's line in `ddpctl --help`: its help's first sentence, unwrapped (the
     docstring's own line breaks would cut it mid-sentence)."""
-    paragraph = " ".join((inspect.getdoc(command) or "").split("\n\n")[0].split())
+    paragraph = " ".join(text.split("\n\n")[0].split())
     sentence, dot, _ = paragraph.partition(". ")
     return sentence + "." if dot else paragraph
 

@@ -439,8 +439,13 @@ def check_restartable(budget: int, detach: bool, slurm: bool) -> None:
                           "[slurm] requeue = true, which Slurm carries out itself")
 
 
+def inventory_flag(inventory: Path | None) -> str:
+    """What `ddpctl logs/down <id>` need to find a job on its hosts: ` -i <inventory>`, if any."""
+    return f" -i {shlex.quote(str(inventory))}" if inventory is not None else ""
+
+
 def print_loop(loop: detached_restarts.LoopStarted, inventory: Path | None) -> NoReturn:
-    where = f" -i {shlex.quote(str(inventory))}" if inventory is not None else ""
+    where = inventory_flag(inventory)
     notice(f"detached: the restart loop of run {loop.run_id} runs on {loop.host} (pid {loop.pid}; its output: "
            f"{loop.host}:{loop.log}). Follow: ddpctl logs {loop.run_id} -f{where}; stop: ddpctl down "
            f"{loop.run_id}{where} (the loop first, so nothing is restarted)")
@@ -479,8 +484,7 @@ def print_detached(out: core.Detached) -> None:
         notice(f"detached: submitted Slurm job {out.report.slurm_job_id} ({job_id}). "
                f"Follow: ddpctl logs{where or ' ' + job_id} -f; stop: ddpctl down{where or ' ' + job_id}")
         raise typer.Exit(0)
-    inventory = out.plan.job.inventory.source  # the commands that find the job on its hosts, as printed
-    where = f" -i {shlex.quote(str(inventory))}" if inventory is not None else ""
+    where = inventory_flag(out.plan.job.inventory.source)
     notice(f"detached: started on {len(out.report.started)} host(s). "
            f"Follow: ddpctl logs {job_id} -f{where}; stop: ddpctl down {job_id}{where}")
     raise typer.Exit(0 if not out.report.failed else 1)
