@@ -22,6 +22,7 @@ from inventory import Host  # noqa: E402
 from orchestrator.remote.agent import call_agent  # noqa: E402
 from orchestrator.remote.pool import HostPool, make_pool  # noqa: E402
 from orchestrator.remote.ssh import SshTransport  # noqa: E402
+from orchestrator.remote.ssh_options import Connection, SshOptions  # noqa: E402
 from tests.ddpctl_run import ddpctl_argv  # noqa: E402
 
 
@@ -72,7 +73,7 @@ def fixed_costs(ssh_config: Path, hosts: Sequence[Host], runs: int,
     for _ in range(runs):
         timed("ddpctl start-up (python, imports: `ddpctl --help`)",
               lambda: subprocess.run(ddpctl_argv("--help"), capture_output=True, check=True, env=user_env()))
-        with make_pool(ssh_config, [], False, 64, 10.0) as pool:
+        with make_pool(Connection(SshOptions(ssh_config=ssh_config))) as pool:
             timed("SSH handshakes, all hosts at once (paramiko)", lambda: pool.map(hosts, connect))
             timed("one exec per host: `true` (the login shell's rc)",
                   lambda: pool.map(hosts, lambda t: t.run(["true"], timeout=30)))

@@ -49,8 +49,8 @@ if str(ROOT) not in sys.path:
 from bench.breakdown import fixed_costs, host_python, print_costs, user_env  # noqa: E402
 from bench.jobwatch import high_water_mib, median  # noqa: E402
 from inventory import load_inventory  # noqa: E402
+from orchestrator.checks.context import from_inventory  # noqa: E402
 from orchestrator.doctor import run_doctor  # noqa: E402
-from orchestrator.doctor.context import from_inventory  # noqa: E402
 from tests.cluster import Cluster, start_cluster  # noqa: E402
 from tests.ddpctl_run import ddpctl_argv  # noqa: E402
 

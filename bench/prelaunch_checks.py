@@ -24,6 +24,7 @@ if str(ROOT) not in sys.path:
 from inventory import load_job  # noqa: E402
 from orchestrator.launch.preflight import gather  # noqa: E402
 from orchestrator.remote.pool import make_pool  # noqa: E402
+from orchestrator.remote.ssh_options import Connection, SshOptions  # noqa: E402
 from tests.cluster import start_cluster  # noqa: E402
 from tests.ddpctl_run import write_job  # noqa: E402
 
@@ -37,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     for n in (int(x) for x in opts.sizes.split(",")):
         with tempfile.TemporaryDirectory() as d, start_cluster(n, Path(d) / "cluster") as cluster:
             job = load_job(write_job(Path(d), cluster, "bench", nproc=1, port=29671))
-            with make_pool(cluster.ssh_config, [], False, 64, 10.0) as pool:
+            with make_pool(Connection(SshOptions(ssh_config=cluster.ssh_config))) as pool:
                 gather(job, pool, checks=False)  # connections up, as in a launch
                 times: dict[bool, list[float]] = {False: [], True: []}
                 phases: dict[str, list[float]] = {}

@@ -41,8 +41,9 @@ from inventory.model import (
     local_inventory,
 )
 from inventory.restart import read_restart
-from inventory.slurm import SlurmSpec, read_slurm
-from inventory.sync import SyncSpec, read_sync
+from inventory.slurm_table import read_slurm
+from inventory.specs import SlurmSpec, SyncSpec
+from inventory.sync import read_sync
 from inventory.tomlsource import FlagReporter, Reporter, TomlFile, read_toml, toml_files_in
 from inventory.watch import read_watch
 

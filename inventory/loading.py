@@ -133,7 +133,7 @@ def _hosts_of_entry(
         )
     names = _expand(doc, join_key(prefix, "name"), entry["name"])
     addresses = _addresses(doc, prefix, entry, names)
-    # spare = true: not in the job until a restart leaves a host out (orchestrator/launch/restart.py)
+    # spare = true: not in the job until a restart leaves a host out (orchestrator/restarts/loop.py)
     spare = expect_bool(doc, join_key(prefix, "spare"), entry["spare"]) if "spare" in entry else False
     return [
         replace(_make_host(name, address, settings), spare=spare)

@@ -10,8 +10,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
-    from inventory.slurm import SlurmSpec
-    from inventory.sync import SyncSpec
+    from inventory.specs import SlurmSpec, SyncSpec
 
 NprocSpec = int | Literal["gpu", "cpu", "auto"]
 GpuSpec = int | Literal["auto"] | tuple[int, ...]  # a count, "auto", or selected GPU indices
@@ -81,7 +80,7 @@ class Rendezvous:
 @dataclass(frozen=True)
 class RestartSpec:
     """[restart]: one budget of restarts for the whole job, spent by ddpctl (never torchrun's own,
-    which stays at --max-restarts 0): orchestrator/launch/restart.py. 0 restarts: a failure ends
+    which stays at --max-restarts 0): orchestrator/restarts/loop.py. 0 restarts: a failure ends
     the job, as without the table."""
 
     max_restarts: int = 0

@@ -1,6 +1,6 @@
 """The job file's `[restart]` table: ddpctl's one budget of restarts for the whole job, how long to
 wait between attempts, which exit codes mean a faulty host, how far the job may shrink, and the
-checkpoint directory the ranks are told about (orchestrator/launch/restart.py spends it)."""
+checkpoint directory the ranks are told about (orchestrator/restarts/loop.py spends it)."""
 
 from __future__ import annotations
 

@@ -3,41 +3,16 @@ for hosts that share no filesystem with this machine."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
 from inventory.fields import check_keys, expect_bool, expect_str, expect_str_list
+from inventory.specs import SyncSpec
 from inventory.tomlsource import Reporter
 
 SYNC_KEYS = ("src", "dest", "delete", "exclude", "gitignore", "checksum")
 
 
-@dataclass(frozen=True)
-class SyncSpec:
-    """What `up` (and `ddpctl sync`) copies where. A host's copy lands in its own `workdir`, else
-    in `dest`, else at the same path as `src` (the layout a shared filesystem would give)."""
-
-    src: Path  # absolute: the directory whose contents every host gets
-    dest: str | None = None  # on the hosts; relative paths and "~" are from the login's home
-    delete: bool = True  # remove files the source no longer has (excluded ones are kept)
-    exclude: tuple[str, ...] = ()  # .gitignore-style patterns, relative to src
-    gitignore: bool = True  # also skip what the .gitignore files under src ignore
-    checksum: bool = False  # compare contents (SHA-256), not size + modification time
-
-    def root_for(self, workdir: str | None) -> str:
-        """Where a host's copy of `src` lands, given the host's own workdir setting."""
-        if workdir is not None:
-            return workdir
-        return self.dest if self.dest is not None else str(self.src)
-
-    def job_dir_in(self, root: str, base_dir: Path) -> str:
-        """The job file's directory inside a host's copy (the job runs there, as it would here)."""
-        try:
-            rel = base_dir.relative_to(self.src)
-        except ValueError:
-            return root
-        return root if rel == Path(".") else str(PurePosixPath(root) / rel.as_posix())
 
 
 def read_sync(src: Reporter, key: str, table: dict[str, Any], base_dir: Path) -> SyncSpec:

@@ -74,8 +74,10 @@ def _run() -> int:
     except Exception as exc:  # an agent that crashes still answers with one JSON result
         import traceback
 
-        emit_result({"error": {"type": type(exc).__name__, "message": str(exc),
-                               "traceback": traceback.format_exc()}, "exit_code": 70})
+        from node_agent.replies import wire
+        from node_agent.replies_run import AgentFailure, Failed
+
+        emit_result(wire(Failed(AgentFailure(type(exc).__name__, str(exc), traceback.format_exc()))))
         return 70
     if not result.pop("_sent", False):
         emit_result(result)

@@ -23,8 +23,9 @@ import tempfile
 import threading
 import time
 
+from node_agent.layout import node_state_dir
 from node_agent.protocol import RESULT_PREFIX, emit_event
-from node_agent.runstate import read_json, state_dir
+from node_agent.runstate import read_json
 from node_agent.uplink import BATCH, Sink, batch_of, event_line
 
 TYPE_CHECKING = False
@@ -92,7 +93,7 @@ def _session(conn: socket.socket, attached: Callable[[Any, Sink, int], None]) ->
 
 
 def attach(request: Dict[str, Any], control: BinaryIO) -> Dict[str, Any]:
-    directory = state_dir(str(request["job_id"]), int(request.get("node_rank", 0)))
+    directory = node_state_dir(str(request["job_id"]), int(request.get("node_rank", 0)))
     offset = int(request.get("offset") or 0)
     state = read_json(directory / "state.json")
     if state is None:

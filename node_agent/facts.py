@@ -18,6 +18,7 @@ import threading
 import time
 
 from node_agent import factparse
+from node_agent.layout import DOCTOR_MARKER_PREFIX
 from node_agent.parallel import run_all
 from node_agent.protocol import emit_event
 from node_agent.torch_facts import fact_ddpctl_lookup, fact_torch, fact_torch_lookup
@@ -243,7 +244,7 @@ def fact_workdir(req: Dict[str, Any]) -> Dict[str, Any]:
 # the directory, the one that looks first sees the other's marker. Elsewhere (one host, a launch)
 # the marker is removed at once: only the write is checked. Only a marker this op created
 # (O_EXCL) is ever removed, and nothing else.
-MARKER_PREFIX = ".ddpctl-doctor-"
+MARKER_PREFIX = DOCTOR_MARKER_PREFIX
 MARKER_TEXT = b"ddpctl doctor: which hosts share this directory; removed when doctor ends\n"
 CHECKPOINT_TIMEOUT_S = 10.0  # a hung network mount answers never: the fact says so instead
 

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import os
 import subprocess
+from collections import namedtuple
 
 from node_agent.factparse import GPU_STATS_QUERY, parse_nvidia_gpu_stats, parse_proc_net_dev
 from node_agent.procfs import read_stat
+from node_agent.replies_top import GpuStat
 from node_agent.sitedirs import add_site_packages
 
 TYPE_CHECKING = False
@@ -34,29 +36,38 @@ def run_command(argv: List[str], timeout: float) -> Tuple[int, str]:
     return proc.returncode, proc.stdout or ""
 
 
-def gpu_sample(run: Optional[Runner] = None) -> Dict[str, Any]:
-    """{"gpus": [...], "error": None or the host's, "nvidia_smi": whether it is installed}. No
-    nvidia-smi: no GPUs and no error (a CPU host)."""
+# nvidia-smi's answer on this host: its GPUs (GpuStat), the host's error (None), and whether
+# nvidia-smi is installed here (not: a CPU host, no GPUs and no error).
+GpuSample = namedtuple("GpuSample", ("gpus", "error", "nvidia_smi"))
+
+
+def gpu_stat(row: Dict[str, Any]) -> GpuStat:
+    """One GPU of factparse.parse_nvidia_gpu_stats as the replies declare it."""
+    return GpuStat(index=row.get("index"), uuid=row.get("uuid"), name=row.get("name"), util_pct=row.get("util_pct"),
+                   memory_used_mib=row.get("memory_used_mib"), memory_total_mib=row.get("memory_total_mib"),
+                   power_w=row.get("power_w"), error=row.get("error"), bus_id=row.get("bus_id"))
+
+
+def gpu_sample(run: Optional[Runner] = None) -> GpuSample:
+    """The GPUs nvidia-smi's query shows. No nvidia-smi: no GPUs and no error (a CPU host)."""
     try:
         code, out = (run or run_command)(list(GPU_ARGV), NVIDIA_SMI_TIMEOUT_S)
     except FileNotFoundError:
-        return {"gpus": [], "error": None, "nvidia_smi": False}
+        return GpuSample((), None, False)
     except subprocess.TimeoutExpired:
-        return {"gpus": [], "error": "nvidia-smi did not answer in %.0f s" % NVIDIA_SMI_TIMEOUT_S,
-                "nvidia_smi": True}
+        return GpuSample((), "nvidia-smi did not answer in %.0f s" % NVIDIA_SMI_TIMEOUT_S, True)
     except OSError as exc:
-        return {"gpus": [], "error": "nvidia-smi could not run: %s" % exc, "nvidia_smi": True}
+        return GpuSample((), "nvidia-smi could not run: %s" % exc, True)
     parsed = parse_nvidia_gpu_stats(out, code)
-    parsed["nvidia_smi"] = True
-    return parsed
+    return GpuSample(tuple(gpu_stat(g) for g in parsed["gpus"]), parsed["error"], True)
 
 
-def gpu_select(env: Dict[str, str]) -> Optional[List[str]]:
+def gpu_select(env: Dict[str, str]) -> Optional[Tuple[str, ...]]:
     """The GPUs a job's CUDA_VISIBLE_DEVICES names (indices or UUIDs); None: it names none, all."""
     visible = env.get("CUDA_VISIBLE_DEVICES")
     if visible is None:
         return None
-    return [v.strip() for v in visible.split(",") if v.strip()]
+    return tuple(v.strip() for v in visible.split(",") if v.strip())
 
 
 def _psutil() -> Any:

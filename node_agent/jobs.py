@@ -12,10 +12,12 @@ import time
 from pathlib import Path
 
 from node_agent.factparse import parse_nvidia_apps
+from node_agent.layout import DOWN_MARK
 from node_agent.loops import stop as stop_loops
 from node_agent.protocol import emit_event
+from node_agent.replies import wire
+from node_agent.replies_jobs import LogEvent, LogsFound, RunningJob, RunningJobs, StoppedJob, StoppedJobs
 from node_agent.runstate import (
-    DOWN_MARK,
     end_job,
     iter_states,
     job_pids,
@@ -54,14 +56,14 @@ def ps(request: Dict[str, Any], control: BinaryIO) -> Dict[str, Any]:
         if not launcher_running(state):
             continue
         pids = job_pids(state["job_id"], state.get("node_rank"))
-        jobs.append({
-            "job_id": state["job_id"], "job_name": state.get("job_name"),
-            "node_rank": state.get("node_rank"), "pid": state.get("pid"), "pids": pids,
-            "uptime_s": round(time.time() - float(state.get("started_at", time.time())), 1),
-            "detached": state.get("detached", False), "log": state.get("log"),
-            "gpu_memory_mib": sum(gpu.get(p, 0) for p in pids) if gpu else None,
-        })
-    return {"jobs": jobs}
+        jobs.append(RunningJob(
+            job_id=str(state["job_id"]), job_name=state.get("job_name"), node_rank=state.get("node_rank"),
+            pid=state.get("pid"), pids=tuple(pids),
+            uptime_s=round(time.time() - float(state.get("started_at", time.time())), 1),
+            detached=bool(state.get("detached", False)), log=state.get("log"),
+            gpu_memory_mib=sum(gpu.get(p, 0) for p in pids) if gpu else None,
+        ))
+    return wire(RunningJobs(tuple(jobs)))
 
 
 def down(request: Dict[str, Any], control: BinaryIO) -> Dict[str, Any]:
@@ -69,7 +71,7 @@ def down(request: Dict[str, Any], control: BinaryIO) -> Dict[str, Any]:
     `loops_only`, only a detached restart loop (node_agent/loops.py), which `ddpctl down` ends
     on every host before any supervisor, so that nothing restarts what it stops."""
     if request.get("loops_only"):
-        return {"stopped": stop_loops(str(request["job"])), "exit_code": 0}
+        return wire(StoppedJobs(tuple(stopped_job(s) for s in stop_loops(str(request["job"])))))
     grace = float(request.get("grace", 10.0))
     stopped = []
     for state in iter_states(request["job"]):
@@ -79,10 +81,8 @@ def down(request: Dict[str, Any], control: BinaryIO) -> Dict[str, Any]:
             continue
         with contextlib.suppress(OSError, KeyError):  # the supervisor tells its control plane who stopped it
             write_json_atomic(Path(state["state_dir"]) / DOWN_MARK, {"by": request.get("by"), "at": time.time()})
-        outcome = end_job(job_id, pgid, grace, node_rank)
-        outcome["job_id"] = job_id
-        stopped.append(outcome)
-    return {"stopped": stopped, "exit_code": 0}
+        stopped.append(stopped_job(dict(end_job(job_id, pgid, grace, node_rank), job_id=job_id)))
+    return wire(StoppedJobs(tuple(stopped)))
 
 
 def _latest_state(job: str) -> Optional[Dict[str, Any]]:
@@ -177,15 +177,22 @@ class RankLabels(object):
         return "local%d" % local if rank is None else str(rank)
 
 
-def _runs(values: List[Any]) -> List[List[Any]]:
-    """[a, a, b] -> [[2, a], [1, b]]: a block's times and labels, run-length encoded."""
+def _runs(values: List[Any]) -> Tuple[Tuple[int, Any], ...]:
+    """[a, a, b] -> ((2, a), (1, b)): a block's times and labels, run-length encoded."""
     out: List[List[Any]] = []
     for v in values:
         if out and out[-1][1] == v:
             out[-1][0] += 1
         else:
             out.append([1, v])
-    return out
+    return tuple((n, v) for n, v in out)
+
+
+def stopped_job(outcome: Dict[str, Any]) -> StoppedJob:
+    """end_job's (or the loops' stop's) outcome for one job."""
+    return StoppedJob(job_id=str(outcome["job_id"]), terminated=tuple(outcome["terminated"]),
+                      killed=tuple(outcome["killed"]), left=tuple(outcome["left"]),
+                      commands={int(k): str(v) for k, v in outcome["commands"].items()})
 
 
 def _emit_block(data: bytes, start: int, index: Optional[LogIndex], labels: RankLabels,
@@ -212,7 +219,7 @@ def _emit_block(data: bytes, start: int, index: Optional[LogIndex], labels: Rank
         ranks.append(labels.label(int(m.group(1))) if m else None)
         texts.append(text[m.end():] if m else text)
     if texts:
-        emit_event("log", times=_runs(times), labels=_runs(ranks), text="\n".join(texts))
+        emit_event("log", **wire(LogEvent("\n".join(texts), _runs(times), _runs(ranks))))
     return pos - start
 
 
@@ -252,9 +259,9 @@ def _earlier_attempts(job: str, latest: Dict[str, Any]) -> List[Dict[str, Any]]:
 
 def _attempt_mark(state: Dict[str, Any]) -> None:
     """One line before an attempt's output, timed at its start (a run's logs show every attempt)."""
-    emit_event("log", times=[[1, float(state.get("started_at", 0))]], labels=[[1, None]],
-               text="---- ddpctl: attempt %s (job %s) ----" % (str(state.get("job_id", "")).rsplit(".", 1)[-1],
-                                                               state.get("job_id")))
+    text = "---- ddpctl: attempt %s (job %s) ----" % (str(state.get("job_id", "")).rsplit(".", 1)[-1],
+                                                     state.get("job_id"))
+    emit_event("log", **wire(LogEvent(text, ((1, float(state.get("started_at", 0))),), ((1, None),))))
 
 
 def logs(request: Dict[str, Any], control: BinaryIO) -> Dict[str, Any]:
@@ -263,7 +270,7 @@ def logs(request: Dict[str, Any], control: BinaryIO) -> Dict[str, Any]:
     attempt this host ran, each after a marked line."""
     state = _latest_state(request["job"])
     if state is None:
-        return {"found": False, "exit_code": 1}
+        return wire(LogsFound(found=False, job_id=None, node_rank=None, running=False, exit_code=1))
     earlier = _earlier_attempts(str(request["job"]), state)
     for attempt in earlier:
         _attempt_mark(attempt)
@@ -283,5 +290,5 @@ def logs(request: Dict[str, Any], control: BinaryIO) -> Dict[str, Any]:
         if last:
             break
         time.sleep(0.2)
-    return {"found": True, "job_id": state["job_id"], "node_rank": state.get("node_rank"),
-            "log": str(path), "running": launcher_running(state), "exit_code": 0}
+    return wire(LogsFound(found=True, job_id=str(state["job_id"]), node_rank=state.get("node_rank"),
+                          log=str(path), running=launcher_running(state)))

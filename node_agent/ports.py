@@ -15,6 +15,8 @@ import time
 from pathlib import Path
 
 from node_agent.procfs import iter_stats, proc_cmdline, process_groups, read_stat
+from node_agent.replies import wire
+from node_agent.replies_ports import KilledProcess, PortOwner, PortReport, RefusedProcess, UnseenSocket
 from node_agent.runstate import proc_job_id
 from node_agent.sitedirs import add_site_packages
 from node_agent.terminate import terminate
@@ -310,7 +312,7 @@ def unseen_reason(sock: Dict[str, Any]) -> str:
         sock["status"], sock["laddr"], sock["user"], _user(os.getuid()), fix)
 
 
-def judge(info: Dict[str, Any], request: Dict[str, Any]) -> Set[int]:
+def mark_refusals(info: Dict[str, Any], request: Dict[str, Any]) -> Set[int]:
     """Annotate each owner with its refusal (or None); return the agent's protected pids."""
     protected = ancestors(os.getpid())
     for owner in info["owners"]:
@@ -319,10 +321,27 @@ def judge(info: Dict[str, Any], request: Dict[str, Any]) -> Set[int]:
     return protected
 
 
+def owner_reply(o: Dict[str, Any]) -> PortOwner:
+    return PortOwner(pid=o["pid"], user=str(o.get("user")), cmdline=tuple(o.get("cmdline") or ()),
+                     name=str(o.get("name") or ""), age_s=o.get("age_s"), status=str(o.get("status")),
+                     ddpctl_job_id=o.get("ddpctl_job_id"), is_torchrun=bool(o.get("is_torchrun")),
+                     refusal=o.get("refusal"), torchrun_agent=o.get("torchrun_agent"),
+                     job_live=bool(o.get("job_live")))
+
+
+def report(info: Dict[str, Any], **outcome: Any) -> Dict[str, Any]:
+    """find_owners' look (and kill_port's outcome) as the op's reply."""
+    return wire(PortReport(
+        port=info["port"], proto=info["proto"], owners=tuple(owner_reply(o) for o in info["owners"]),
+        time_wait=info["time_wait"], time_wait_max_s=float(info["time_wait_max_s"]), free=info["free"],
+        unseen=tuple(UnseenSocket(str(u["status"]), str(u["laddr"]), str(u["user"])) for u in info["unseen"]),
+        **outcome))
+
+
 def port_owners(request: Dict[str, Any], control: BinaryIO) -> Dict[str, Any]:
     info = find_owners(int(request["port"]), str(request.get("proto", "tcp")))
-    judge(info, request)
-    return info
+    mark_refusals(info, request)
+    return report(info)
 
 
 def kill_port(request: Dict[str, Any], control: BinaryIO) -> Dict[str, Any]:
@@ -331,25 +350,25 @@ def kill_port(request: Dict[str, Any], control: BinaryIO) -> Dict[str, Any]:
     port, proto = int(request["port"]), str(request.get("proto", "tcp"))
     grace = float(request.get("grace", 5.0))
     info = find_owners(port, proto)
-    protected = judge(info, request)
+    protected = mark_refusals(info, request)
     targets = [o for o in info["owners"] if o["refusal"] is None]
-    refused = [{"pid": o["pid"], "reason": o["refusal"]} for o in info["owners"] if o["refusal"]]
-    refused += [{"pid": None, "reason": unseen_reason(u)} for u in info["unseen"]]
-    result = dict(info, refused=refused, killed=[], errors=[], dry_run=bool(request.get("dry_run")))
-    if result["dry_run"] or not targets:
-        result.update(free_after=info["free"], exit_code=0 if info["free"] else 1)
-        return result
+    refused = tuple([RefusedProcess(o["pid"], o["refusal"]) for o in info["owners"] if o["refusal"]] +
+                    [RefusedProcess(None, unseen_reason(u)) for u in info["unseen"]])
+    dry_run = bool(request.get("dry_run"))
+    if dry_run or not targets:
+        return report(info, refused=refused, dry_run=dry_run, free_after=None if dry_run else info["free"],
+                      exit_code=0 if info["free"] else 1)
     everyone = tree_pids(targets, protected, bool(request.get("force")))
     done = terminate(everyone, whole_groups(everyone), grace)
     owner_pids = {o["pid"] for o in targets}
-    result["killed"] = [{"pid": p, "cmdline": " ".join(done.commands[p])[:300],
-                         "signal": "SIGKILL" if p in done.killed else "SIGTERM", "owner": p in owner_pids}
-                        for p in everyone if p not in done.left]
-    result["errors"] += done.errors + [{"pid": p, "error": "still alive after SIGKILL"} for p in done.left]
+    killed = tuple(KilledProcess(p, " ".join(done.commands[p])[:300], "SIGKILL" if p in done.killed else "SIGTERM",
+                                 p in owner_pids) for p in everyone if p not in done.left)
+    errors = tuple("pid %s: %s" % (e.get("pid"), e.get("error")) for e in done.errors) + \
+        tuple("pid %d: still alive after SIGKILL" % p for p in done.left)
     after = wait_free(port, proto, 5.0, set(everyone))
-    result.update(after=after["owners"], free_after=after["free"], time_wait=after["time_wait"],
-                  time_wait_max_s=after["time_wait_max_s"], exit_code=0 if after["free"] else 1)
-    return result
+    now = dict(info, free=after["free"], time_wait=after["time_wait"], time_wait_max_s=after["time_wait_max_s"])
+    return report(now, refused=refused, killed=killed, errors=errors, free_after=after["free"],
+                  after=tuple(owner_reply(o) for o in after["owners"]), exit_code=0 if after["free"] else 1)
 
 
 def tree_pids(targets: List[Dict[str, Any]], protected: Set[int], force: bool) -> List[int]:

@@ -1,18 +1,5 @@
-"""The wire protocol between the orchestrator and an agent: one request in, events and a result out.
-
-stdin:  one JSON request line ({"op": NAME, ...}); after it, stdin stays open as the control
-        channel: "HEARTBEAT\n" lines keep long ops alive, "STOP\n" asks for a graceful stop,
-        "ABORT\n" for the stop of a job that has failed (torchrun at once, the ranks after the
-        grace), "KILL\n" for a forced one, and EOF means the control plane went away. A launch's facts
-        session takes "CONNECT {json}" (the TCP probe) and then "START {json}", which turns it
-        into the supervise op with that request.
-stdout: any number of lines; lines starting with EVENT_PREFIX carry a JSON event, the line
-        starting with RESULT_PREFIX carries the op's JSON result. Other lines are the output of
-        the supervised program, passed through verbatim; supervise (and attach) follow each batch
-        of them with an `out` event whose `end` is the node log's offset after the batch: a
-        batch counts once its `out` has come (node_agent/uplink.py).
-exit:   the op's exit code (the supervised program's exit code for "supervise" and "attach").
-"""
+"""The wire between the control plane and an agent: one JSON request line in, event lines and one
+result line out, stdin kept open as the control channel (docs/architecture.md, "The agent's wire")."""
 
 from __future__ import annotations
 

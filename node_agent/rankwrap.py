@@ -1,36 +1,8 @@
 """Every rank's entry point under ddpctl: runs the user's program as `python script.py ARGS` (or
-`python -m module ARGS`) would, and records its milestones where its node's supervisor reads them.
+`python -m module ARGS`) would, and records its milestones, steps and errors where its node's
+supervisor reads them; answers dump requests (docs/architecture.md, "The rank wrapper").
 
     python rankwrap.py script.py ARGS...      python rankwrap.py -m package.module ARGS...
-
-In $DDPCTL_RANK_DIR it writes, as `<local rank>.<phase>` files (JSON, written whole):
-- `started`: the rank runs (torchrun's own rendezvous between the nodes is over);
-- `init` / `joined`: it called / returned from torch.distributed.init_process_group (the
-  process-group rendezvous between the ranks);
-- `step`: how many optimizer steps it has taken (torch's global optimizer step hook: no change to
-  the script), rewritten at its first step and then at most once every STEP_EVERY seconds, with
-  the window since the last record: its steps, the seconds they took, the step time's p50/p95 and,
-  for a DistributedDataParallel model, the medians of DDP's own per-iteration timings (the time
-  this rank waited in the gradient all-reduce after its backward pass ended, the time from its last
-  step to its next forward pass, its forward + backward compute): the slow rank is the one that
-  waits least (orchestrator/watch/straggler.py). `total`: $DDPCTL_TOTAL_STEPS, which the job file
-  or the script itself may set;
-- `error`: the exception that ended it, with its traceback and its step count, whether or not
-  the script uses torchelastic's @record; a missing script is recorded as Python reports it
-  ("can't open file"). It is written after Python's report of the exception is printed and
-  flushed: from then on the supervisor may end the rank without losing a line of it.
-
-After init_process_group, a side thread answers dump requests (`dump.request` in the rank
-directory, written by node_agent/stacks.py): it writes `../dumps/<local rank>.json` with the main
-thread's Python stack and the flight recorder's last collectives (torch's own ring of them, on by
-TORCH_FR_BUFFER_SIZE, which the wrapper sets when the job does not), even while the main thread is
-blocked inside a collective. NCCL's own dumps on a watchdog timeout land in `dumps/` too.
-
-It never imports torch itself (a script may set CUDA_VISIBLE_DEVICES before it does): an import
-hook wraps init_process_group when the script imports torch.distributed, registers the step hook
-when it imports torch.optim, and sets DDP's runtime logging to every iteration on each
-DistributedDataParallel it builds (its timings are then read at every step). Standard library only,
-Python 3.8 and newer; the supervisor writes this file's source next to its run state.
 """
 
 from __future__ import annotations

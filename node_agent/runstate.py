@@ -9,6 +9,7 @@ import signal
 import socket
 from pathlib import Path
 
+from node_agent.layout import RUNS, state_root
 from node_agent.procfs import alive, proc_environ, read_stat
 from node_agent.terminate import terminate
 
@@ -18,17 +19,6 @@ if TYPE_CHECKING:  # typing is for the checker only (node_agent/__init__.py)
 
 JOB_ENV = "DDPCTL_JOB_ID"
 NODE_RANK_ENV = "DDPCTL_NODE_RANK"
-DOWN_MARK = "down.json"  # in a node's run state: `ddpctl down` stopped it (who, when)
-STOPPED_BY_DOWN = "stopped by `ddpctl down`"  # the start of such a node's stop reason
-
-
-def state_root() -> Path:
-    return Path(os.environ.get("DDPCTL_STATE_ROOT") or Path.home() / ".ddpctl")
-
-
-def state_dir(job_id: str, node_rank: int) -> Path:
-    """runs/<job id>/node<rank>: keyed by node rank, because homes are often shared (NFS)."""
-    return state_root() / "runs" / job_id / ("node%d" % node_rank)
 
 
 def write_json_atomic(path: Path, data: Dict[str, Any]) -> None:
@@ -51,7 +41,7 @@ def iter_states(job: Optional[str] = None) -> Iterator[Dict[str, Any]]:
     whose directory starts with the name are read, since a job id starts with its job's name and
     an attempt's with its run id; every run where none does (a name that had to be made safe for
     a path)."""
-    runs = state_root() / "runs"
+    runs = state_root() / RUNS
     found = False
     if job:
         try:

@@ -1,22 +1,5 @@
-"""Runs torchrun in its own session, records run state, and ends it when the control plane goes.
-
-torchrun's output goes to the node's log file first (output.log, with output.idx: each chunk's end
-offset and time); node_agent/uplink.py sends it from there, so a stuck channel never holds up the
-ranks, the pump or the watchdog. A control plane that lost contact re-attaches on a fresh
-connection through the attach socket (node_agent/attach.py) and the output resumes where it stopped.
-
-The control plane is gone when its current control channel (stdin, or a re-attached session's)
-reaches EOF, when no HEARTBEAT line arrives for `heartbeat_timeout` seconds (a downed link leaves
-the TCP connection silently open: the control plane derives this bound from its own `lost_after`,
-see orchestrator/launch/faults.py), or on SIGHUP/SIGTERM/SIGINT. Then the whole job is ended:
-SIGTERM to torchrun's process group and to every process carrying DDPCTL_JOB_ID, SIGKILL after
-the grace period. The watchdog only reads a timestamp: it never waits on a lock or a write.
-
-A rank that fails ends this host's part at once, without waiting for torchrun or the control
-plane (fail fast): the supervisor sees the rank's error record within RANK_POLL_S, SIGKILLs that
-rank (its error and its traceback are out already) and SIGTERMs the rest, which alone get the
-grace period; the record goes to the control plane, which stops the other hosts meanwhile.
-"""
+"""Runs torchrun in its own session, records its run state, fails fast on a rank's error, and ends
+the job when the control plane goes (docs/architecture.md, "The node supervisor")."""
 
 from __future__ import annotations
 
@@ -34,21 +17,30 @@ import time
 
 from node_agent.attach import listen, serve
 from node_agent.hoststats import ProcReader, cpu_and_rss, gpu_sample, gpu_select
+from node_agent.layout import DOWN_MARK, STOPPED_BY_DOWN, node_state_dir
 from node_agent.lines import whole_lines
 from node_agent.nccl_log import parse_files
 from node_agent.procfs import read_stat
 from node_agent.protocol import emit_event
 from node_agent.ranklogs import RankLogs
+from node_agent.replies import wire
+from node_agent.replies_run import (
+    RANK_ENDS,
+    DetachedStart,
+    NcclChoice,
+    RankError,
+    RankPhase,
+    StepWindow,
+    SuperviseResult,
+)
+from node_agent.replies_top import HostSample
 from node_agent.runstate import (
-    DOWN_MARK,
     JOB_ENV,
     NODE_RANK_ENV,
-    STOPPED_BY_DOWN,
     JobScan,
     end_job,
     proc_start_ticks,
     read_json,
-    state_dir,
     write_json_atomic,
 )
 from node_agent.torchrun import STOPPING, record_killed
@@ -92,7 +84,7 @@ class Supervisor:
         self.grace = float(request.get("grace", 10.0))
         self.heartbeat_timeout = float(request.get("heartbeat_timeout", 20.0))
         self.detached = detached
-        self.dir = state_dir(self.job_id, self.node_rank)
+        self.dir = node_state_dir(self.job_id, self.node_rank)
         self.log_path = self.dir / "output.log"
         self.proc: Optional[subprocess.Popen] = None
         self.stop_reason: Optional[str] = None
@@ -146,7 +138,7 @@ class Supervisor:
                 continue  # being replaced: read it next time
             self.rank_records[name] = record
             if self.uplink is not None:
-                self.uplink.event("rank", **record)
+                self.uplink.event("rank", **wire(rank_phase(record)))
             if record.get("phase") == "error":
                 self.rank_failed(record)
         if self.proc is not None and self.proc.poll() is None:
@@ -193,7 +185,7 @@ class Supervisor:
 
     def replay(self) -> List[bytes]:
         """What a re-attached control plane gets again: every rank milestone (it keeps each once)."""
-        return [event_line("rank", **record) for record in list(self.rank_records.values())]
+        return [event_line("rank", **wire(rank_phase(record))) for record in list(self.rank_records.values())]
 
     def rank_failed(self, record: Dict[str, Any]) -> None:
         """torchrun runs with --max-restarts 0: one failed rank fails the job. End it here now."""
@@ -355,16 +347,16 @@ class Supervisor:
         with contextlib.suppress(OSError, ValueError):
             self.read_control(reader, sink)
 
-    def rank_errors(self) -> List[Dict[str, Any]]:
+    def rank_errors(self) -> List[RankError]:
         """Every rank's error, earliest first: the wrapper's records, and torchelastic's error
         files (from @record) for ranks the wrapper has no record of."""
-        errors = [dict(r, timestamp=r.get("time"), file=str(self.rank_dir / name))
-                  for name, r in self.rank_records.items() if r.get("phase") in ("error", "ended")]
-        recorded = {e.get("local_rank") for e in errors}
-        errors += [e for e in self.error_files() if e["local_rank"] not in recorded]
-        return sorted(errors, key=lambda e: e.get("timestamp") or 0.0)
+        errors = [rank_error(r, str(self.rank_dir / name))
+                  for name, r in self.rank_records.items() if r.get("phase") in RANK_ENDS]
+        recorded = {e.local_rank for e in errors}
+        errors += [e for e in self.error_files() if e.local_rank not in recorded]
+        return sorted(errors, key=lambda e: e.timestamp or 0.0)
 
-    def error_files(self) -> List[Dict[str, Any]]:
+    def error_files(self) -> List[RankError]:
         """torchelastic's error files of this node's ranks (written by scripts that use @record)."""
         errors = []
         for path in (self.dir / "torchrun").glob("**/error.json"):
@@ -374,13 +366,13 @@ class Supervisor:
                 continue
             message = data.get("message", {})
             extra = message.get("extraInfo", {}) if isinstance(message, dict) else {}
-            errors.append({
-                "local_rank": int(path.parent.name) if path.parent.name.isdigit() else path.parent.name,
-                "timestamp": path.stat().st_mtime,
-                "message": message.get("message") if isinstance(message, dict) else str(message),
-                "traceback": extra.get("py_callstack", ""),
-                "file": str(path),
-            })
+            errors.append(RankError(
+                local_rank=int(path.parent.name) if path.parent.name.isdigit() else path.parent.name,
+                timestamp=path.stat().st_mtime,
+                message=str(message.get("message") or "") if isinstance(message, dict) else str(message),
+                traceback=str(extra.get("py_callstack") or ""),
+                file=str(path),
+            ))
         return errors
 
     def watch_host(self) -> None:
@@ -404,12 +396,13 @@ class Supervisor:
             before, then = after, now
             if not after:
                 continue  # its processes are gone (the job is ending): nothing to say
-            fields: Dict[str, Any] = {"cpu_percent": cpu, "rss_bytes": rss, "processes": len(after)}
             if gpus_here:
                 gpus = gpu_sample()
-                gpus_here = bool(gpus.get("nvidia_smi"))
-                fields.update(gpus=gpus.get("gpus") or [], gpu_error=gpus.get("error"), gpu_select=select)
-            self.uplink.event("sample", **fields)
+                gpus_here = bool(gpus.nvidia_smi)
+                sampled = HostSample(cpu, rss, tuple(gpus.gpus), gpus.error, select, len(after))
+            else:
+                sampled = HostSample(cpu, rss, processes=len(after))
+            self.uplink.event("sample", **wire(sampled))
 
     def _thread(self, target: Any, *args: Any) -> threading.Thread:
         thread = threading.Thread(target=target, args=args, daemon=True)
@@ -466,14 +459,16 @@ class Supervisor:
         if self.stopping.is_set():
             end_job(self.job_id, self.proc.pid, self.grace, self.node_rank)  # stragglers
         errors = self.rank_errors()
-        result = {"exit_code": code, "stop_reason": self.stop_reason,
-                  "first_error": errors[0] if errors else None, "rank_errors": errors[:32],
-                  "state_dir": str(self.dir), "log": str(self.log_path), "steps": self.steps()}
-        if checkpoints:  # a newer file there is progress, whatever the step counts say
-            result["checkpoint"] = {"dir": checkpoints, "before": self.newest_before,
-                                    "after": newest_mtime(checkpoints)}
-        if self.request.get("nccl_debug"):
-            result["nccl"] = parse_files(sorted(self.dir.glob("nccl.*.log")))
+        after = newest_mtime(checkpoints) if checkpoints else None
+        nccl = parse_files(sorted(self.dir.glob("nccl.*.log"))) if self.request.get("nccl_debug") else None
+        result = wire(SuperviseResult(
+            exit_code=code, stop_reason=self.stop_reason, first_error=errors[0] if errors else None,
+            nccl=None if nccl is None else NcclChoice(**{k: tuple(str(v) for v in nccl.get(k) or ()) for k in (
+                "files", "networks", "interfaces", "bootstrap", "transports")}),
+            error=None, log=str(self.log_path), rank_errors=tuple(errors[:32]), steps=self.steps(),
+            # a newer file there is progress, whatever the step counts say
+            checkpointed=after is not None and (self.newest_before is None or after > self.newest_before),
+            state_dir=str(self.dir)))
         write_json_atomic(self.dir / "state.json", dict(self.started, status="exited",
                                                            ended_at=time.time(), **result))
         if self.uplink is not None:  # a control plane cut off may still re-attach to read the end
@@ -504,8 +499,8 @@ def _daemonize(request: Dict[str, Any]) -> Dict[str, Any]:
     while time.monotonic() < deadline and not state_file.exists():
         time.sleep(0.05)
     data = json.loads(state_file.read_text()) if state_file.exists() else {}
-    return {"detached": True, "exit_code": 0 if data else 1, "pid": data.get("pid"),
-            "state_dir": str(sup.dir), "log": str(sup.log_path)}
+    return wire(DetachedStart(pid=data.get("pid"), state_dir=str(sup.dir), log=str(sup.log_path),
+                              exit_code=0 if data else 1))
 
 
 def supervise(request: Dict[str, Any], control: BinaryIO) -> Dict[str, Any]:
@@ -514,7 +509,8 @@ def supervise(request: Dict[str, Any], control: BinaryIO) -> Dict[str, Any]:
     cwd = request.get("cwd")
     if cwd and not os.path.isdir(cwd):
         emit_event("error", message="workdir %s does not exist on %s" % (cwd, socket.gethostname()))
-        return {"exit_code": 2, "error_kind": "workdir", "stop_reason": "workdir missing: %s" % cwd}
+        return dict(wire(SuperviseResult(exit_code=2, stop_reason="workdir missing: %s" % cwd, first_error=None,
+                                         nccl=None, error=None, log=None)), error_kind="workdir")
     if request.get("detach"):
         return _daemonize(request)
     sys.stdout.flush()  # from here on the uplink alone writes to stdout
@@ -522,3 +518,48 @@ def supervise(request: Dict[str, Any], control: BinaryIO) -> Dict[str, Any]:
     # signals stop the job, heartbeats still go out with the output
     sink = Sink("stdout", fd=sys.stdout.fileno())
     return Supervisor(request, detached=False).run(None if request.get("batch") else control, sink)
+
+
+def _rank(value: Any) -> Optional[int]:
+    """A global or local rank from a record (RANK=-1: the wrapper did not know it)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _int(value: Any) -> Optional[int]:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _float(value: Any) -> Optional[float]:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def rank_error(record: Dict[str, Any], file: Optional[str] = None) -> RankError:
+    """A rank's error or end record (rankwrap.py, torchrun.py) as the control plane gets it."""
+    local = record.get("local_rank")
+    return RankError(local_rank=local if isinstance(local, (int, str)) and not isinstance(local, bool) else None,
+                     message=str(record.get("message") or ""), traceback=str(record.get("traceback") or ""),
+                     timestamp=_float(record.get("time")), file=file, rank=_rank(record.get("rank")),
+                     kind=str(record.get("type") or ""), step=_int(record.get("step")),
+                     exit_code=_int(record.get("exit_code")))
+
+
+def step_window(window: Any) -> Optional[StepWindow]:
+    """A step record's window (rankwrap.py _window), None where it says nothing usable."""
+    if not isinstance(window, dict):
+        return None
+    steps, seconds = _int(window.get("steps")), _float(window.get("seconds"))
+    p50, p95 = _float(window.get("p50_ms")), _float(window.get("p95_ms"))
+    if not steps or seconds is None or p50 is None or p95 is None:
+        return None
+    ddp = window.get("ddp") if isinstance(window.get("ddp"), dict) else {}
+    return StepWindow(steps, seconds, p50, p95, _float(ddp.get("wait_ms")), _float(ddp.get("data_ms")),
+                      _float(ddp.get("compute_ms")), _int(ddp.get("n")) or 0)
+
+
+def rank_phase(record: Dict[str, Any]) -> RankPhase:
+    """A rank's milestone record as the `rank` event it becomes."""
+    phase = str(record.get("phase") or "")
+    return RankPhase(local_rank=_rank(record.get("local_rank")), rank=_rank(record.get("rank")), phase=phase,
+                     time=_float(record.get("time")), error=rank_error(record) if phase in RANK_ENDS else None,
+                     step=_int(record.get("step")), window=step_window(record.get("window")),
+                     total=_int(record.get("total")))

@@ -21,12 +21,14 @@ import stat
 import tarfile
 import time
 
+from node_agent.layout import SYNC_RECORD_DIR
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing is for the checker only (node_agent/__init__.py)
     from typing import Any, BinaryIO, Dict, List, Optional
 
 CHUNK = 1 << 20
-RECORD_DIR = ".ddpctl-sync"  # inside the copy's root; the sender never sends nor removes it
+RECORD_DIR = SYNC_RECORD_DIR
 RECORD_VERSION = 1
 
 

@@ -6,6 +6,7 @@ alive, each rank's step record (`ranks/<local rank>.step`, which the rank wrappe
 of the node's last output (output.log's mtime), the CPU % and RSS of the job's processes, the tx/rx
 rate of the interface its collectives use; and, once for the host, its GPUs (node_agent/hoststats.py).
 Rates and ages are taken on this host's clock: nothing depends on the control plane's.
+The answer is node_agent/replies_top.py's HostTop, sent as `wire(...)`.
 """
 
 from __future__ import annotations
@@ -18,9 +19,19 @@ import time
 from pathlib import Path
 
 from node_agent.factparse import parse_proc_net_route
-from node_agent.hoststats import ProcReader, cpu_and_rss, gpu_sample, gpu_select, nic_counters, nic_rates
+from node_agent.hoststats import (
+    GpuSample,
+    ProcReader,
+    cpu_and_rss,
+    gpu_sample,
+    gpu_select,
+    nic_counters,
+    nic_rates,
+)
 from node_agent.ifname import match_gloo, match_nccl, nccl_value_is_used
 from node_agent.procfs import alive, proc_environ, read_stat
+from node_agent.replies import wire
+from node_agent.replies_top import HostTop, RankSteps, TopNode
 from node_agent.runstate import JobScan, iter_states, launcher_running, read_json
 
 TYPE_CHECKING = False
@@ -33,6 +44,14 @@ STALE_WINDOWS = 3.0
 GPU_JOIN_S = 8.0  # nvidia-smi's own timeout (5 s) and some
 
 
+def _int(value: Any) -> Optional[int]:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _float(value: Any) -> Optional[float]:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
 def _ended(state: Dict[str, Any]) -> str:
     """How a node that no longer runs ended: its state's status, or "gone" where its supervisor
     died without writing one."""
@@ -42,10 +61,12 @@ def _ended(state: Dict[str, Any]) -> str:
 
 # -- step records -------------------------------------------------------------------------------
 
-def rank_steps(record: Dict[str, Any], now: float) -> Dict[str, Any]:
+def rank_steps(record: Dict[str, Any], now: float) -> RankSteps:
     """One rank's step record as top shows it: steps/s over its last window (0 once the record is
     older than max(STALE_MIN_S, STALE_WINDOWS x the window's seconds): a stalled rank), p50/p95."""
-    window = record.get("window") if isinstance(record.get("window"), dict) else {}
+    window = record.get("window")
+    if not isinstance(window, dict):
+        window = {}
     steps, seconds = window.get("steps"), window.get("seconds")
     stamp = record.get("time")
     age = max(0.0, now - float(stamp)) if isinstance(stamp, (int, float)) else None
@@ -56,13 +77,14 @@ def rank_steps(record: Dict[str, Any], now: float) -> Dict[str, Any]:
         rate = 0.0
     elif span and isinstance(steps, (int, float)):
         rate = round(float(steps) / span, 3)
-    return {"rank": record.get("rank"), "local_rank": record.get("local_rank"), "pid": record.get("pid"),
-            "step": record.get("step"), "total": record.get("total"), "age_s": None if age is None else round(age, 2),
-            "steps_per_s": rate, "p50_ms": window.get("p50_ms"), "p95_ms": window.get("p95_ms"),
-            "stalled": stalled}
+    rank = _int(record.get("rank"))
+    return RankSteps(rank=rank if rank is not None and rank >= 0 else None, local_rank=_int(record.get("local_rank")),
+                     step=_int(record.get("step")), total=_int(record.get("total")),
+                     age_s=None if age is None else round(age, 2), steps_per_s=rate,
+                     p50_ms=_float(window.get("p50_ms")), p95_ms=_float(window.get("p95_ms")), stalled=stalled)
 
 
-def read_steps(rank_dir: Path, now: float) -> List[Dict[str, Any]]:
+def read_steps(rank_dir: Path, now: float) -> List[RankSteps]:
     """Every rank's step record in a node's rank directory, by local rank."""
     try:
         names = sorted(os.listdir(str(rank_dir)))
@@ -76,7 +98,7 @@ def read_steps(rank_dir: Path, now: float) -> List[Dict[str, Any]]:
         record = read_json(rank_dir / name)
         if isinstance(record, dict):
             out.append(rank_steps(record, now))
-    return sorted(out, key=lambda r: (r["local_rank"] if isinstance(r["local_rank"], int) else 0))
+    return sorted(out, key=lambda r: r.local_rank or 0)
 
 
 # -- the job's interface ------------------------------------------------------------------------
@@ -199,7 +221,7 @@ class Node(object):
         return int(nproc) if nproc and nproc.isdigit() else None
 
     def report(self, cpu_pct: Optional[float], rss: Optional[int], rates: Tuple[Optional[float], Optional[float]],
-               now: float) -> Dict[str, Any]:
+               now: float) -> TopNode:
         state = self.state
         sdir = Path(str(state.get("state_dir") or "."))
         log = Path(str(state.get("log") or sdir / "output.log"))
@@ -208,18 +230,16 @@ class Node(object):
         except OSError:
             log_age = None
         alive_ranks = sum(1 for p in self.rank_envs if alive(p))
-        return {
-            "job_id": state["job_id"], "job_name": state.get("job_name"), "run_id": state.get("run_id"),
-            "node_rank": state.get("node_rank"), "running": self.running,
-            "status": "running" if self.running else _ended(state),
-            "exit_code": state.get("exit_code"), "detached": bool(state.get("detached")),
-            "ranks_alive": alive_ranks if self.running else 0, "ranks_expected": self.expected_ranks(),
-            "ranks": read_steps(sdir / "ranks", now), "log_age_s": log_age,
-            "iface": ",".join(self.ifaces) or None, "iface_source": self.iface_source or None,
-            "tx_bytes_per_s": rates[0], "rx_bytes_per_s": rates[1],
-            "cpu_pct": cpu_pct, "rss_bytes": rss, "processes": len(self.pids),
-            "gpu_select": gpu_select(self.env) if self.running else None,
-        }
+        name = state.get("job_name")
+        return TopNode(
+            job_id=str(state["job_id"]), job_name=None if name is None else str(name),
+            node_rank=_int(state.get("node_rank")), running=self.running,
+            status="running" if self.running else _ended(state), exit_code=_int(state.get("exit_code")),
+            ranks_alive=alive_ranks if self.running else 0, ranks_expected=self.expected_ranks(),
+            ranks=tuple(read_steps(sdir / "ranks", now)), log_age_s=log_age,
+            iface=",".join(self.ifaces) or None, iface_source=self.iface_source or None,
+            tx_bytes_per_s=rates[0], rx_bytes_per_s=rates[1], cpu_pct=cpu_pct, rss_bytes=rss,
+            processes=len(self.pids), gpu_select=gpu_select(self.env) if self.running else None)
 
 
 def _nodes(job: Optional[str]) -> List[Node]:
@@ -236,9 +256,9 @@ def _nodes(job: Optional[str]) -> List[Node]:
 class GpuSampler(object):
     """The GPU sample, taken in a thread while the op waits out its interval."""
 
-    def __init__(self, gpus: Callable[[], Dict[str, Any]]) -> None:
+    def __init__(self, gpus: Callable[[], GpuSample]) -> None:
         self.gpus = gpus
-        self.result: Dict[str, Any] = {}
+        self.result: Optional[GpuSample] = None
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
@@ -246,12 +266,11 @@ class GpuSampler(object):
         try:
             self.result = self.gpus()
         except Exception as exc:  # never the whole op's failure: the rows say it
-            self.result = {"gpus": [], "error": "sampling the GPUs failed: %s: %s" % (type(exc).__name__, exc)}
+            self.result = GpuSample((), "sampling the GPUs failed: %s: %s" % (type(exc).__name__, exc), True)
 
-    def join(self) -> Dict[str, Any]:
+    def join(self) -> GpuSample:
         self.thread.join(GPU_JOIN_S)
-        got = self.result or {"gpus": [], "error": "nvidia-smi did not finish in %.0f s" % GPU_JOIN_S}
-        return {"gpus": got.get("gpus") or [], "gpu_error": got.get("error"), "nvidia_smi": got.get("nvidia_smi")}
+        return self.result or GpuSample((), "nvidia-smi did not finish in %.0f s" % GPU_JOIN_S, True)
 
 
 def measure(live: List[Node], interval: float, sleep: Callable[[float], None],
@@ -276,8 +295,8 @@ def measure(live: List[Node], interval: float, sleep: Callable[[float], None],
     return out, seconds
 
 
-def sample(job: Optional[str], interval: float, sleep: Callable[[float], None] = time.sleep,
-           use_psutil: Optional[bool] = None, gpus: Callable[[], Dict[str, Any]] = gpu_sample) -> Dict[str, Any]:
+def host_top(job: Optional[str], interval: float, sleep: Callable[[float], None] = time.sleep,
+             use_psutil: Optional[bool] = None, gpus: Callable[[], GpuSample] = gpu_sample) -> HostTop:
     """Sample this host for `top`: every node of `job` here, `interval` seconds apart (no wait when
     nothing runs), and the GPUs once meanwhile."""
     gpu = GpuSampler(gpus)
@@ -287,9 +306,17 @@ def sample(job: Optional[str], interval: float, sleep: Callable[[float], None] =
     measured, seconds = measure(live, max(0.0, min(float(interval), MAX_INTERVAL_S)), sleep, reader) \
         if reader is not None else ({}, 0.0)
     now = time.time()
-    reports = [n.report(*measured.get(id(n), (None, None, (None, None))), now=now) for n in nodes]
-    return dict(gpu.join(), hostname=socket.gethostname(), time=now, interval_s=round(seconds, 3),
-                proc_source=reader.source if reader else None, nodes=reports)
+    reports = tuple(n.report(*measured.get(id(n), (None, None, (None, None))), now=now) for n in nodes)
+    got = gpu.join()
+    return HostTop(hostname=socket.gethostname(), interval_s=round(seconds, 3), gpus=tuple(got.gpus),
+                   gpu_error=got.error, nvidia_smi=bool(got.nvidia_smi),
+                   proc_source=reader.source if reader else None, nodes=reports)
+
+
+def sample(job: Optional[str], interval: float, sleep: Callable[[float], None] = time.sleep,
+           use_psutil: Optional[bool] = None, gpus: Callable[[], GpuSample] = gpu_sample) -> Dict[str, Any]:
+    """The top op's reply: host_top's sample as its JSON object."""
+    return wire(host_top(job, interval, sleep, use_psutil, gpus))
 
 
 def top(request: Dict[str, Any], control: BinaryIO) -> Dict[str, Any]:

@@ -1,17 +1,5 @@
-"""A supervisor's link to the control plane: what its ranks print is sent from the node's log file,
-so no write to the network ever holds up the ranks, the output pump or the watchdog.
-
-The output pump appends torchrun's output to output.log (and each chunk's end offset and time to
-output.idx) and tells the Uplink how far the log goes. One sender thread, the only writer to the
-control plane, sends first every queued event (a rank's milestone, a heartbeat), then the next
-batch of whole lines from the log followed by a commit line (`out` event, `end` = the log offset
-after the batch): the control plane prints a batch only once its commit has come, so a batch cut
-off by a broken connection is sent again, whole, on a re-attach, and none twice.
-
-Writes never block: the sink is written without blocking and polled, so a stuck channel only
-holds the sender, which drops it the moment a re-attached one replaces it (`attach`, from the
-attach socket; node_agent/attach.py is the other end). Standard library only, Python >= 3.8.
-"""
+"""A supervisor's link to the control plane: the ranks' output is sent from the node's log file by
+one non-blocking sender, in committed batches (docs/architecture.md, "The node supervisor")."""
 
 from __future__ import annotations
 

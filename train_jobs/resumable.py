@@ -1,6 +1,6 @@
 """A small real DDP job that survives restarts: it saves a checkpoint into DDPCTL_CHECKPOINT_DIR
 every --every steps (rank 0, atomically), resumes from it, and can fail on purpose, so that
-ddpctl's restarts (orchestrator/launch/restart.py) are tested and measured on real hosts.
+ddpctl's restarts (orchestrator/restarts/loop.py) are tested and measured on real hosts.
 
 Each rank prints
     attempt A rank R on HOST resumes at step S; previous failure: <DDPCTL_PREV_FAILURE or ->

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import functools
+import inspect
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -13,8 +14,9 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from inventory import ConfigError, Inventory, local_inventory
+from inventory import ConfigError
 from orchestrator.errors import HostError, HostsFailed, LaunchBlocked
+from orchestrator.remote.ssh_options import DEFAULT_PARALLEL, Connection, SshOptions
 
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 # Piped output (logs, CI) is not cut at 80 columns: tables of hosts x checks need room.
@@ -45,17 +47,41 @@ ParallelOpt = Annotated[
 ConnectTimeoutOpt = Annotated[
     float, typer.Option("--connect-timeout", min=0.5, help="Seconds to wait for each SSH connection.",
                         rich_help_panel="SSH")]
+
+def ssh_flags(connect_timeout: float | None = 10.0) -> Callable[[F], F]:
+    """Give a command the SSH flags, declared here once (--ssh-config, --known-hosts,
+    --accept-new-host-keys, --parallel and, unless `connect_timeout` is None, --connect-timeout
+    with that default), in place of its `connection` parameter, which receives them as one
+    Connection."""
+    flags = [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=default, annotation=kind)
+             for name, kind, default in (("ssh_config", SshConfigOpt, None), ("known_hosts", KnownHostsOpt, None),
+                                         ("accept_new_host_keys", AcceptNewOpt, False),
+                                         ("parallel", ParallelOpt, DEFAULT_PARALLEL),
+                                         ("connect_timeout", ConnectTimeoutOpt, connect_timeout))
+             if name != "connect_timeout" or connect_timeout is not None]
+
+    def decorate(command: F) -> F:
+        @functools.wraps(command)
+        def with_connection(*args: Any, ssh_config: Path | None = None, known_hosts: list[Path] | None = None,
+                            accept_new_host_keys: bool = False, parallel: int = DEFAULT_PARALLEL,
+                            connect_timeout: float = 10.0, **kwargs: Any) -> Any:
+            ssh = SshOptions(ssh_config=ssh_config, known_hosts=tuple(known_hosts or ()),
+                             accept_new_host_keys=accept_new_host_keys, connect_timeout=connect_timeout)
+            return command(*args, connection=Connection(ssh, parallel), **kwargs)
+
+        signature = inspect.signature(command, eval_str=True)
+        params = list(signature.parameters.values())
+        at = [p.name for p in params].index("connection")
+        with_connection.__signature__ = signature.replace(  # type: ignore[attr-defined]
+            parameters=[*params[:at], *flags, *params[at + 1:]])
+        return with_connection  # type: ignore[return-value]
+
+    return decorate
+
+
 InventoryOpt = Annotated[
     Path | None, typer.Option("--inventory", "-i", help="Inventory: hosts.toml or an MPI/DeepSpeed hostfile.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
-
-
-def load_inventory_arg(path: Path | None) -> Inventory:
-    if path is None:
-        return local_inventory()
-    from inventory import load_inventory
-
-    return load_inventory(path)
 
 
 def print_config_error(exc: ConfigError) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -12,20 +13,10 @@ from rich.markup import escape
 from rich.table import Table
 
 from inventory import ConfigError, Inventory, Job, JobOverrides, load_job
-from orchestrator.commands.common import (
-    AcceptNewOpt,
-    ConnectTimeoutOpt,
-    InventoryOpt,
-    JsonOpt,
-    KnownHostsOpt,
-    ParallelOpt,
-    SshConfigOpt,
-    console,
-    err_console,
-    handle_errors,
-    load_inventory_arg,
-)
-from orchestrator.remote.pool import DEFAULT_PARALLEL, make_pool
+from orchestrator.commands.common import InventoryOpt, JsonOpt, console, err_console, handle_errors, ssh_flags
+from orchestrator.hostops.targets import inventory_at
+from orchestrator.remote.pool import make_pool
+from orchestrator.remote.ssh_options import Connection
 
 if TYPE_CHECKING:
     from orchestrator.doctor import DoctorContext, Report
@@ -52,19 +43,62 @@ def load_target(job_file: Path | None, inventory: Path | None,
                           hint="the job file names its inventory; drop -i")
     if job_file is not None:
         return load_job(job_file, JobOverrides(master_port=master_port) if master_port else None)
-    return load_inventory_arg(inventory)
+    return inventory_at(inventory)
 
 
 def build_context(target: Job | Inventory, master_port: int | None, timeout: float,
                   use_cache: bool = True) -> DoctorContext:
-    from orchestrator.doctor.context import from_inventory, from_job
+    from orchestrator.checks.context import from_inventory, from_job
 
     if isinstance(target, Job):
         return from_job(target, master_port, timeout, use_cache)
     return from_inventory(target, master_port, timeout, use_cache)
 
 
+SmokeOpt = Annotated[bool, typer.Option(
+    "--smoke", help="Then run a gloo all_reduce across all hosts through the real launch path.",
+    rich_help_panel="Launch-path checks")]
+BandwidthOpt = Annotated[bool, typer.Option(
+    "--bandwidth", help="Then time all_reduce (1 KiB .. --max-bytes) across the hosts.",
+    rich_help_panel="Launch-path checks")]
+PairsOpt = Annotated[bool, typer.Option(
+    "--pairs", help="With --bandwidth: also measure each host pair and flag slow ones.",
+    rich_help_panel="Launch-path checks")]
+MaxBytesOpt = Annotated[str, typer.Option(
+    "--max-bytes", help="Largest all_reduce message for --bandwidth (K/M/G suffixes).",
+    rich_help_panel="Launch-path checks")]
+RunsDirOpt = Annotated[Path, typer.Option("--runs-dir", help="Where launch-path check logs go.",
+                                          rich_help_panel="Launch-path checks")]
+ExplainOpt = Annotated[str | None, typer.Option(
+    "--explain", metavar="CHECK", help="Print what CHECK's findings mean and their fixes (a column's "
+    "name: ssh, fw, if, …), and contact no host.")]
+
+
+@dataclass(frozen=True)
+class LaunchPathChecks:
+    """--smoke and --bandwidth: collective jobs run through the real launch path after the checks."""
+
+    smoke: bool = False
+    bandwidth: bool = False
+    pairs: bool = False
+    max_bytes: str = "64M"
+    runs_dir: Path = Path("runs")
+
+    @property
+    def wanted(self) -> bool:
+        return self.smoke or self.bandwidth
+
+
+@dataclass(frozen=True)
+class Checked:
+    """doctor's report, and the bandwidth table where --bandwidth ran."""
+
+    report: Report
+    bandwidth: BandwidthReport | None
+
+
 @handle_errors
+@ssh_flags()
 def doctor_command(
     job_file: JobArg = None,
     inventory: InventoryOpt = None,
@@ -73,28 +107,14 @@ def doctor_command(
     master_port: MasterPortOpt = None,
     timeout: TimeoutOpt = 120.0,
     no_cache: NoCacheOpt = False,
-    ssh_config: SshConfigOpt = None,
-    known_hosts: KnownHostsOpt = None,
-    accept_new: AcceptNewOpt = False,
-    parallel: ParallelOpt = DEFAULT_PARALLEL,
-    connect_timeout: ConnectTimeoutOpt = 10.0,
-    smoke: Annotated[bool, typer.Option(
-        "--smoke", help="Then run a gloo all_reduce across all hosts through the real launch path.",
-        rich_help_panel="Launch-path checks")] = False,
-    bandwidth: Annotated[bool, typer.Option(
-        "--bandwidth", help="Then time all_reduce (1 KiB .. --max-bytes) across the hosts.",
-        rich_help_panel="Launch-path checks")] = False,
-    pairs: Annotated[bool, typer.Option(
-        "--pairs", help="With --bandwidth: also measure each host pair and flag slow ones.",
-        rich_help_panel="Launch-path checks")] = False,
-    max_bytes: Annotated[str, typer.Option(
-        "--max-bytes", help="Largest all_reduce message for --bandwidth (K/M/G suffixes).",
-        rich_help_panel="Launch-path checks")] = "64M",
-    runs_dir: Annotated[Path, typer.Option("--runs-dir", help="Where launch-path check logs go.",
-                                           rich_help_panel="Launch-path checks")] = Path("runs"),
-    explain_check: Annotated[str | None, typer.Option(
-        "--explain", metavar="CHECK", help="Print what CHECK's findings mean and their fixes (a column's "
-        "name: ssh, fw, if, …), and contact no host.")] = None,
+    *,
+    connection: Connection,
+    smoke: SmokeOpt = False,
+    bandwidth: BandwidthOpt = False,
+    pairs: PairsOpt = False,
+    max_bytes: MaxBytesOpt = "64M",
+    runs_dir: RunsDirOpt = Path("runs"),
+    explain_check: ExplainOpt = None,
 ) -> None:
     """Check every host (SSH, torch, versions, firewall, ports, NCCL/Gloo interfaces, DNS, clock).
 
@@ -109,53 +129,61 @@ def doctor_command(
         explain(explain_check)
         return
     target = load_target(job_file, inventory, master_port)
-    job = target if isinstance(target, Job) else None
-    if job is not None and job.slurm is not None and (smoke or bandwidth):
-        raise ConfigError("--smoke and --bandwidth run over SSH, not on a Slurm job", key="--smoke",
-                          hint="drop them for a job with a [slurm] table")
-    pool = make_pool(ssh_config, known_hosts, accept_new, parallel, connect_timeout)
-    if job is None or job.slurm is None:
-        # The SSH handshakes run while the doctor core is imported (bench/doctor_fanout.py).
-        pool.connect_ahead(target.hosts)
-    from orchestrator.doctor import run_doctor
-    from orchestrator.doctor.render import render, to_json
-
-    ctx = build_context(target, master_port, timeout, not no_cache)
 
     def notice(text: str) -> None:
         if not json_out:
             err_console.print(f"[dim]doctor: {escape(text)}[/]")
 
+    launch_path = LaunchPathChecks(smoke, bandwidth, pairs, max_bytes, runs_dir)
+    checked = check_hosts(target, connection, master_port, timeout, not no_cache, launch_path, notice)
+    from orchestrator.checks.render import render, to_json
+
+    if json_out:
+        typer.echo(to_json(checked.report, strict))
+    else:
+        render(checked.report, console, strict)
+        if checked.bandwidth is not None and checked.bandwidth.table:
+            render_bandwidth(checked.bandwidth, console)
+    raise typer.Exit(checked.report.exit_code(strict))
+
+
+def check_hosts(target: Job | Inventory, connection: Connection, master_port: int | None, timeout: float,
+                use_cache: bool, launch_path: LaunchPathChecks, notice: Callable[[str], None]) -> Checked:
+    """Every check on the target's hosts (a Slurm job's in its allocation), then the launch-path
+    checks where asked."""
+    job = target if isinstance(target, Job) else None
+    if job is not None and job.slurm is not None and launch_path.wanted:
+        raise ConfigError("--smoke and --bandwidth run over SSH, not on a Slurm job", key="--smoke",
+                          hint="drop them for a job with a [slurm] table")
+    pool = make_pool(connection)
+    if job is None or job.slurm is None:
+        # The SSH handshakes run while the doctor core is imported (bench/doctor_fanout.py).
+        pool.connect_ahead(target.hosts)
+    from orchestrator.doctor import run_doctor
+
+    ctx = build_context(target, master_port, timeout, use_cache)
     # The Slurm doctor and the launch-path checks load the launch core: imported only when used
     # (a plain doctor run's start-up is part of its wall time, bench/doctor_fanout.py).
     with pool:
         if job is not None and job.slurm is not None:
-            from orchestrator.doctor.slurm import run_slurm_doctor
+            from orchestrator.doctor.slurm_doctor import run_slurm_doctor
 
-            report = run_slurm_doctor(job, pool, timeout, not no_cache, notice)
+            report = run_slurm_doctor(job, pool, timeout, use_cache, notice)
         else:
             report = run_doctor(ctx, pool, notice)
-        bw = None
-        if smoke or bandwidth:
-            from orchestrator.doctor.collective import job_for
-            from orchestrator.launch.backends.ssh import SshBackend
+        if not launch_path.wanted:
+            return Checked(report, None)
+        from orchestrator.doctor.collective import job_for
+        from orchestrator.launch.backends.ssh import SshBackend
 
-            bw = run_launch_checks(report, job_for(ctx, job), SshBackend(pool), notice, smoke, bandwidth, pairs,
-                                   max_bytes, runs_dir)
-    if json_out:
-        typer.echo(to_json(report, strict))
-    else:
-        render(report, console, strict)
-        if bw is not None and bw.table:
-            render_bandwidth(bw, console)
-    raise typer.Exit(report.exit_code(strict))
+        return Checked(report, run_launch_checks(report, job_for(ctx, job), SshBackend(pool), notice, launch_path))
 
 
 def explain(name: str) -> None:
     """`--explain CHECK`: the check's entry, as Markdown on a terminal, as its text elsewhere."""
     from rich.markdown import Markdown
 
-    from orchestrator.doctor import explain as entries
+    from orchestrator.checks import explain as entries
 
     check = entries.resolve(name)
     if check is None:
@@ -169,24 +197,24 @@ def explain(name: str) -> None:
     typer.echo(f"\n(also in {entries.docs_link(check)})")
 
 
-def run_launch_checks(report: Report, job: Job, backend: Backend, notice: Callable[[str], None], smoke: bool,
-                      bandwidth: bool, pairs: bool, max_bytes: str, runs_dir: Path) -> BandwidthReport | None:
+def run_launch_checks(report: Report, job: Job, backend: Backend, notice: Callable[[str], None],
+                      launch_path: LaunchPathChecks) -> BandwidthReport | None:
     """After the other checks pass: the smoke test and/or the bandwidth table, as findings."""
     from orchestrator.doctor import CheckStatus, Finding
     from orchestrator.doctor.collective import bandwidth_report, smoke_findings
 
-    wanted = [c for c, on in (("smoke", smoke), ("bandwidth", bandwidth)) if on]
+    wanted = [c for c, on in (("smoke", launch_path.smoke), ("bandwidth", launch_path.bandwidth)) if on]
     report.checks += wanted
     if report.count(CheckStatus.FAIL):
         report.findings += [Finding(c, CheckStatus.SKIP, None, "not run: other checks failed",
                                     fix="fix the errors above, then rerun") for c in wanted]
         return None
-    if smoke:
+    if launch_path.smoke:
         notice("running the gloo all_reduce smoke test through the launch path")
-        report.findings += smoke_findings(job, backend, runs_dir)
-    if bandwidth and not report.count(CheckStatus.FAIL):
-        notice("timing all_reduce across the hosts" + (" and each pair" if pairs else ""))
-        bw = bandwidth_report(job, backend, runs_dir, pairs, max_bytes)
+        report.findings += smoke_findings(job, backend, launch_path.runs_dir)
+    if launch_path.bandwidth and not report.count(CheckStatus.FAIL):
+        notice("timing all_reduce across the hosts" + (" and each pair" if launch_path.pairs else ""))
+        bw = bandwidth_report(job, backend, launch_path.runs_dir, launch_path.pairs, launch_path.max_bytes)
         report.findings += bw.findings
         report.bandwidth, report.pairs = bw.table, bw.pairs
         return bw

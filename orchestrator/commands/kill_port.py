@@ -13,23 +13,20 @@ from rich.table import Table
 
 from inventory import LOCALHOST, ConfigError, Host
 from orchestrator.commands.common import (
-    AcceptNewOpt,
-    ConnectTimeoutOpt,
     GraceOpt,
     InventoryOpt,
     JsonOpt,
-    KnownHostsOpt,
-    ParallelOpt,
-    SshConfigOpt,
     console,
     err_console,
     handle_errors,
-    load_inventory_arg,
     print_host_error,
+    ssh_flags,
 )
 from orchestrator.errors import HostError
 from orchestrator.hostops.killport import find_port_owners, free_port
+from orchestrator.hostops.targets import inventory_at
 from orchestrator.remote.pool import make_pool
+from orchestrator.remote.ssh_options import Connection
 from orchestrator.remote.wire import PortOwner, PortReport
 
 PortArg = Annotated[int, typer.Argument(min=1, max=65535, help="The port to free (1-65535).", show_default=False)]
@@ -45,7 +42,7 @@ def select_hosts(inventory: Path | None, names: list[str] | None, all_hosts: boo
         if all_hosts:
             raise ConfigError("--all needs an inventory", key="--inventory", hint="pass -i hosts.toml (or a hostfile)")
         return [Host(name=name, address=name) for name in dict.fromkeys(names or [])]
-    inv = load_inventory_arg(inventory)
+    inv = inventory_at(inventory)
     if all_hosts:
         return list(inv.hosts)
     hosts = []
@@ -112,11 +109,12 @@ def confirm(yes: bool, count: int) -> bool:
 
 
 def report_json(port: int, reports: dict[str, PortReport], failed: dict[str, Any], code: int) -> str:
-    return json.dumps({"port": port, "exit_code": code, "hosts": {h: dict(r.raw) for h, r in reports.items()},
+    return json.dumps({"port": port, "exit_code": code, "hosts": {h: r.to_json() for h, r in reports.items()},
                        "failed": {h: e.to_json() for h, e in failed.items()}}, default=str)
 
 
 @handle_errors
+@ssh_flags()
 def kill_port_command(
     port: PortArg,
     host: Annotated[list[str] | None, typer.Option(
@@ -130,11 +128,8 @@ def kill_port_command(
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Only show who holds the port.")] = False,
     as_json: JsonOpt = False,
-    ssh_config: SshConfigOpt = None,
-    known_hosts: KnownHostsOpt = None,
-    accept_new_host_keys: AcceptNewOpt = False,
-    parallel: ParallelOpt = 64,
-    connect_timeout: ConnectTimeoutOpt = 10.0,
+    *,
+    connection: Connection,
 ) -> None:
     """Free a port: show its holders (pid, user, command, age, ddpctl job), confirm, kill each
     holder's process tree (a torchrun worker: its agent and all workers; SIGTERM, then SIGKILL
@@ -154,7 +149,7 @@ def kill_port_command(
     """
     hosts = select_hosts(inventory, host, all_hosts)
     proto = "udp" if udp else "tcp"
-    with make_pool(ssh_config, known_hosts, accept_new_host_keys, parallel, connect_timeout) as pool:
+    with make_pool(connection) as pool:
         found = find_port_owners(pool, hosts, port, proto, force)
         reports = [found.succeeded[h.name] for h in hosts if h.name in found.succeeded]
         killable = {r.host: [o.pid for o in r.killable] for r in reports if r.killable}
@@ -207,8 +202,8 @@ def show_results(reports: list[PortReport]) -> None:
             tw = f" ({r.time_wait} TIME_WAIT socket(s) left, no process)" if r.time_wait else ""
             console.print(f"{r.host}: port {r.port} is now free{tw}", markup=False)
         else:
-            after = r.raw.get("after") if r.free_after is not None else None
-            pids = [o.get("pid") for o in after] if after is not None else [o.pid for o in r.owners]
+            after = r.after if r.free_after is not None else None
+            pids = [o.pid for o in (after if after is not None else r.owners)]
             state = "STILL HELD" if r.free_after is not None else "held, nothing killed"
             console.print(f"{r.host}: port {r.port} is {state} (pid {', '.join(map(str, pids)) or '?'})",
                           markup=False)

@@ -16,21 +16,17 @@ from rich.table import Table
 
 from inventory import ConfigError, Host, load_job
 from orchestrator.commands.common import (
-    AcceptNewOpt,
-    ConnectTimeoutOpt,
     InventoryOpt,
     JsonOpt,
-    KnownHostsOpt,
-    ParallelOpt,
-    SshConfigOpt,
     console,
     err_console,
     handle_errors,
-    load_inventory_arg,
+    ssh_flags,
 )
 from orchestrator.hostops.ssh_setup import Outcome, SetupOptions, SetupReport, setup_hosts, ssh_setup
+from orchestrator.hostops.targets import inventory_at
 from orchestrator.remote.keys import DEFAULT_KEY
-from orchestrator.remote.pool import DEFAULT_PARALLEL
+from orchestrator.remote.ssh_options import Connection
 
 JobArg = Annotated[Path | None, typer.Argument(help="Job file (job.toml): set up the hosts it runs on.",
                                                show_default=False)]
@@ -43,7 +39,7 @@ def select_hosts(job_file: Path | None, inventory: Path | None) -> list[Host]:
                           hint="the job file names its inventory; drop -i")
     if job_file is not None:
         return setup_hosts(load_job(job_file))
-    return list(load_inventory_arg(inventory).hosts)
+    return list(inventory_at(inventory).hosts)
 
 
 def login_name(host: Host) -> str:
@@ -117,6 +113,7 @@ def to_json(report: SetupReport) -> str:
 
 
 @handle_errors
+@ssh_flags()
 def ssh_setup_command(
     job_file: JobArg = None,
     inventory: InventoryOpt = None,
@@ -128,11 +125,8 @@ def ssh_setup_command(
     ask_each: Annotated[bool, typer.Option("--ask-each", help="A password per host instead of one for all.")]
     = False,
     as_json: JsonOpt = False,
-    ssh_config: SshConfigOpt = None,
-    known_hosts: KnownHostsOpt = None,
-    accept_new_host_keys: AcceptNewOpt = False,
-    parallel: ParallelOpt = DEFAULT_PARALLEL,
-    connect_timeout: ConnectTimeoutOpt = 10.0,
+    *,
+    connection: Connection,
 ) -> None:
     """Set up key login: create the key if missing, log in to every host once with a password,
     add the key to ~/.ssh/authorized_keys (once), then verify that the key alone logs in.
@@ -147,9 +141,7 @@ def ssh_setup_command(
       ddpctl ssh-setup -i hosts.toml --ask-each         # a password per host
     """
     hosts = select_hosts(job_file, inventory)
-    options = SetupOptions(key=key, ssh_config=ssh_config, known_hosts=tuple(known_hosts or ()),
-                           accept_new_host_keys=accept_new_host_keys, parallel=parallel,
-                           connect_timeout=connect_timeout)
+    options = SetupOptions(key=key, connection=connection)
 
     def passwords(remote: Sequence[Host]) -> Mapping[str, str]:
         return read_passwords(remote, ask_each, password_stdin, sys.stdin, getpass.getpass, sys.stdin.isatty())

@@ -7,42 +7,15 @@ from typing import Annotated
 
 import typer
 
-from orchestrator.commands.common import (
-    AcceptNewOpt,
-    InventoryOpt,
-    JsonOpt,
-    KnownHostsOpt,
-    ParallelOpt,
-    SshConfigOpt,
-    console,
-    handle_errors,
-)
-from orchestrator.commands.lifecycle import (
-    BackendOpt,
-    JobArg,
-    LoginOpt,
-    print_error,
-    report_absent,
-    require_job_file,
-    resolve_target,
-    slurm_side,
-    slurm_target,
-)
-from orchestrator.hostops import slurm_jobs
-from orchestrator.hostops.jobs import JobAbsent
-from orchestrator.hostops.stacks import (
-    StacksReport,
-    collect,
-    groups_text,
-    report_json,
-    stacks_absent,
-    verdict_text,
-)
-from orchestrator.remote.pool import make_pool
-from orchestrator.remote.slurm import slurm_client
+from orchestrator.commands.common import InventoryOpt, JsonOpt, console, handle_errors, ssh_flags
+from orchestrator.commands.lifecycle import BackendOpt, JobArg, LoginOpt, backend_name, print_error, report_absent
+from orchestrator.hostops.control import job_control
+from orchestrator.hostops.stacks import StacksReport, groups_text, report_json, verdict_text
+from orchestrator.remote.ssh_options import Connection
 
 
 @handle_errors
+@ssh_flags(connect_timeout=None)
 def stacks_command(
     job: JobArg,
     inventory: InventoryOpt = None,
@@ -50,10 +23,8 @@ def stacks_command(
     login: LoginOpt = None,
     frames: Annotated[int, typer.Option("--frames", min=1, help="Frames shown per group.")] = 8,
     as_json: JsonOpt = False,
-    ssh_config: SshConfigOpt = None,
-    known_hosts: KnownHostsOpt = None,
-    accept_new_host_keys: AcceptNewOpt = False,
-    parallel: ParallelOpt = 64,
+    *,
+    connection: Connection,
 ) -> None:
     """Dump the Python stack of every rank of a running job, grouped, and name the collective it waits in.
 
@@ -65,25 +36,16 @@ def stacks_command(
       ddpctl stacks myjob -i hosts.toml           # where each rank is now
       ddpctl stacks myjob --backend slurm --json  # a Slurm job's ranks, as JSON
     """
-    require_job_file(job)
-    side = slurm_side(job, backend, login)
-    absent: JobAbsent | None = None
-    with make_pool(ssh_config, known_hosts, accept_new_host_keys, parallel) as pool:
-        if side is not None:
-            client = slurm_client(pool, side.login, side.inventory)
-            report = slurm_jobs.stacks(client, slurm_target(client, side), side.spec)
-        else:
-            target, inv = resolve_target(job, inventory)
-            report = collect(pool, inv.hosts, target)
-            absent = stacks_absent(report, inv)
+    with job_control(connection, job, backend_name(backend), login, inventory) as control:
+        report = control.stacks()
     if as_json:
         console.print_json(json.dumps(report_json(report)))
     else:
         for line in [*verdict_text(report), *groups_text(report, frames)]:
             console.print(line, markup=False, highlight=False)
         report_errors(report)
-    if absent is not None:
-        report_absent(absent)
+    if report.absent is not None:
+        report_absent(report.absent)
     elif not report.groups and not report.host_errors:
         print_error(f"job {report.job}: no rank of it is running on its nodes",
                     "check the job id: `ddpctl ps --backend slurm` lists the running ones")

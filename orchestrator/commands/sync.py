@@ -12,25 +12,16 @@ from rich.live import Live
 from rich.text import Text
 
 from inventory import JobOverrides, load_job
-from orchestrator.commands.common import (
-    AcceptNewOpt,
-    ConnectTimeoutOpt,
-    JsonOpt,
-    KnownHostsOpt,
-    ParallelOpt,
-    SshConfigOpt,
-    console,
-    err_console,
-    handle_errors,
-    print_host_error,
-)
+from orchestrator.commands.common import JsonOpt, console, err_console, handle_errors, print_host_error, ssh_flags
 from orchestrator.commands.sync_view import SyncView
 from orchestrator.remote.pool import make_pool
+from orchestrator.remote.ssh_options import Connection
 from orchestrator.sync.core import Progress, SyncEvent, SyncReport, sync_job
 from orchestrator.sync.units import count_text, size_text
 
 
 @handle_errors
+@ssh_flags()
 def sync_command(
     job_file: Annotated[Path, typer.Argument(help="The job file; its \\[sync] table says what goes where.",
                                              show_default=False)],
@@ -40,11 +31,8 @@ def sync_command(
     runs_dir: Annotated[Path, typer.Option("--runs-dir", help="ddpctl up's runs directory: never sent, where it "
                                            "lies inside the source.")] = Path("runs"),
     as_json: JsonOpt = False,
-    ssh_config: SshConfigOpt = None,
-    known_hosts: KnownHostsOpt = None,
-    accept_new_host_keys: AcceptNewOpt = False,
-    parallel: ParallelOpt = 64,
-    connect_timeout: ConnectTimeoutOpt = 10.0,
+    *,
+    connection: Connection,
 ) -> None:
     """Make every host's copy of the job's source match this machine's (only changed files go).
 
@@ -54,7 +42,7 @@ def sync_command(
       ddpctl sync job.toml --hosts node0,node1  # only these two hosts
     """
     job = load_job(job_file, JobOverrides(hosts=(hosts,) if hosts else None, backend="ssh"))
-    with make_pool(ssh_config, known_hosts, accept_new_host_keys, parallel, connect_timeout) as pool:
+    with make_pool(connection) as pool:
         keep_out = (runs_dir,)
         if as_json:
             report = sync_job(job, pool, dry_run=dry_run, keep_out=keep_out)

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -13,34 +11,12 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from inventory.slurm import SlurmSpec
-from orchestrator.commands.common import (
-    AcceptNewOpt,
-    BackendChoice,
-    ConnectTimeoutOpt,
-    InventoryOpt,
-    JsonOpt,
-    KnownHostsOpt,
-    ParallelOpt,
-    SshConfigOpt,
-    console,
-    handle_errors,
-    load_inventory_arg,
-)
-from orchestrator.commands.lifecycle import (
-    BackendOpt,
-    LoginOpt,
-    SlurmSide,
-    print_error,
-    report_absent,
-    require_job_file,
-    resolve_target,
-    slurm_side,
-)
+from orchestrator.commands.common import InventoryOpt, JsonOpt, console, handle_errors, ssh_flags
+from orchestrator.commands.lifecycle import BackendOpt, LoginOpt, backend_name, print_error, report_absent
+from orchestrator.hostops.control import Sample, job_control
 from orchestrator.hostops.jobs import JobAbsent
-from orchestrator.hostops.top import DEFAULT_INTERVAL_S, HostState, TopReport, TopRow, TopSession, collect_slurm
-from orchestrator.remote.pool import HostPool, make_pool
-from orchestrator.remote.slurm import slurm_client
+from orchestrator.hostops.top import DEFAULT_INTERVAL_S, HostState, TopReport, TopRow
+from orchestrator.remote.ssh_options import Connection
 
 TopJobArg = Annotated[str | None, typer.Argument(
     help="A job id (or name), or the job.toml it was started from; none: every ddpctl job on the hosts.")]
@@ -160,7 +136,7 @@ def _title(report: TopReport) -> str:
 
 # -- the loop -------------------------------------------------------------------------------------------
 
-def show(sample: Callable[[], TopReport], once: bool) -> TopReport:
+def show(sample: Sample, once: bool) -> TopReport:
     """Sample and show: once, or until Ctrl-C (a live table on a terminal, else plain text)."""
     if once:
         report = sample()
@@ -183,15 +159,6 @@ def _print_plain(report: TopReport) -> None:
     out.flush()
 
 
-def _slurm(job: str | None, backend: BackendChoice | None, login: str | None,
-           inventory: Path | None) -> SlurmSide | None:
-    if job is not None:
-        return slurm_side(job, backend, login)
-    if backend is BackendChoice.slurm:  # every running ddpctl job in Slurm's queue
-        return SlurmSide("", login, load_inventory_arg(inventory), SlurmSpec(login=login))
-    return None
-
-
 def _exit_code(report: TopReport, absent: JobAbsent | None) -> int:
     """1: a host gave no answer, or the job named runs nowhere; else 0."""
     if absent is not None:
@@ -203,13 +170,8 @@ def _exit_code(report: TopReport, absent: JobAbsent | None) -> int:
     return 1 if report.failed else 0
 
 
-def _absent(report: TopReport, answered: Sequence[str], asked: int, source: Path | None) -> JobAbsent | None:
-    if report.job is None or report.running or not answered:
-        return None
-    return JobAbsent(report.job, "it running", tuple(answered), asked, source)
-
-
 @handle_errors
+@ssh_flags(connect_timeout=5.0)
 def top_command(
     job: TopJobArg = None,
     inventory: InventoryOpt = None,
@@ -220,11 +182,8 @@ def top_command(
                         ] = DEFAULT_INTERVAL_S,
     once: Annotated[bool, typer.Option("--once", help="Print one table and exit.")] = False,
     as_json: JsonOpt = False,
-    ssh_config: SshConfigOpt = None,
-    known_hosts: KnownHostsOpt = None,
-    accept_new_host_keys: AcceptNewOpt = False,
-    parallel: ParallelOpt = 64,
-    connect_timeout: ConnectTimeoutOpt = 5.0,
+    *,
+    connection: Connection,
 ) -> None:
     """Show every host of a running job, worst first, refreshed every --interval seconds: rank
     processes alive, steps/s and step time p50/p95 (the slowest rank's), GPU utilization,
@@ -238,36 +197,16 @@ def top_command(
       ddpctl top job.toml                           # live table; Ctrl-C ends it
       ddpctl top myjob -i hosts.toml --once --json  # one sample, as JSON
     """
-    if job is not None:
-        require_job_file(job)
-    side = _slurm(job, backend, login, inventory)
-    with make_pool(ssh_config, known_hosts, accept_new_host_keys, parallel, connect_timeout) as pool:
+    with job_control(connection, job, backend_name(backend), login, inventory) as control:
         try:
-            report, absent = _run(pool, side, job, inventory, interval, once or as_json, as_json)
+            report = show_json(control.top(interval)) if as_json else show(control.top(interval), once)
         except KeyboardInterrupt:
             raise typer.Exit(130) from None
+        absent = control.top_absent(report)
     raise typer.Exit(_exit_code(report, absent))
 
 
-def _run(pool: HostPool, side: SlurmSide | None, job: str | None, inventory: Path | None, interval: float,
-         once: bool, as_json: bool) -> tuple[TopReport, JobAbsent | None]:
-    absent: JobAbsent | None = None
-    if side is not None:
-        client = slurm_client(pool, side.login, side.inventory)
-        name = side.name or None
-
-        def sample() -> TopReport:
-            return collect_slurm(client, side.spec, name, interval)
-    else:
-        target, inv = resolve_target(job, inventory) if job is not None else (None, load_inventory_arg(inventory))
-        session = TopSession(pool, inv.hosts, target, interval)
-        sample = session.sample
-    if as_json:
-        report = sample()
-        console.print_json(json.dumps(report.to_json()))
-    else:
-        report = show(sample, once)
-    if side is None and report.job is not None:
-        answered = [h.name for h in inv.hosts if h.name not in report.failed]
-        absent = _absent(report, answered, len(inv.hosts), inv.source)
-    return report, absent
+def show_json(sample: Sample) -> TopReport:
+    report = sample()
+    console.print_json(json.dumps(report.to_json()))
+    return report

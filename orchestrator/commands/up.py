@@ -1,4 +1,4 @@
-"""`ddpctl up`: flags -> one call into the launch core (plan, detach, or launch) -> rendering."""
+"""`ddpctl up`: the flags, one call to run_up (orchestrator/run_up.py), and the rendering of its outcome."""
 
 from __future__ import annotations
 
@@ -8,46 +8,51 @@ import shlex
 import signal
 import sys
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import Annotated
 
 import typer
 from rich.live import Live
 from rich.markup import escape
 from rich.text import Text
 
-from inventory import ConfigError, JobOverrides, NprocSpec, load_job, parse_env_assignment
+from inventory import ConfigError, Job, JobOverrides, NprocSpec, load_job, parse_env_assignment
 from inventory.gpus import show
 from inventory.jobfile import MAX_JOIN_TIMEOUT_S
 from inventory.restart import MAX_RESTARTS
-from inventory.slurm import node_hosts
+from inventory.slurm_table import node_hosts
+from orchestrator.checks.model import CheckStatus
+from orchestrator.checks.render import finding_text, grouped
 from orchestrator.commands.common import (
-    AcceptNewOpt,
     BackendChoice,
-    ConnectTimeoutOpt,
     GraceOpt,
-    KnownHostsOpt,
-    ParallelOpt,
-    SshConfigOpt,
     console,
     err_console,
     handle_errors,
+    ssh_flags,
 )
 from orchestrator.commands.sync_view import SyncView
-from orchestrator.doctor.model import CheckStatus
-from orchestrator.doctor.render import finding_text, grouped
-from orchestrator.launch import core, detached_restarts, restart
-from orchestrator.launch.backends.choose import backend_for
-from orchestrator.launch.backends.slurm import SlurmBackend
 from orchestrator.launch.faults import DEFAULT_LOST_AFTER, MIN_LOST_AFTER
 from orchestrator.launch.labels import RankLines
 from orchestrator.launch.observer import Pulse, plan_summary
 from orchestrator.launch.options import LaunchOptions, OnHang
 from orchestrator.launch.plan import LaunchPlan, mask_env
 from orchestrator.launch.preflight import LAUNCH_CHECKS, ChecksFailed
+from orchestrator.launch.progress import Status
 from orchestrator.launch.result import HostRun, HostState, RunResult
-from orchestrator.remote.pool import make_pool
+from orchestrator.remote.ssh_options import Connection
+from orchestrator.restarts.loop import RestartedRun
+from orchestrator.run_up import (
+    BatchScript,
+    Detached,
+    DryRun,
+    Finished,
+    LoopStarted,
+    Restarted,
+    UpOutcome,
+    UpRequest,
+    run_up,
+)
 from orchestrator.sync.core import SyncEvent
-from orchestrator.watch.monitor import Status
 
 HOST_COLOURS = ["cyan", "magenta", "green", "yellow", "blue", "bright_red", "bright_cyan",
                 "bright_magenta", "bright_green", "bright_yellow"]
@@ -191,7 +196,16 @@ def notice(text: str) -> None:
         err_console.print(Text(f"ddpctl: {text}", style="bold"))
 
 
-def print_dry_run(plan: LaunchPlan) -> None:
+def print_dry_run(dry: DryRun) -> None:
+    """The batch script (Slurm), or each host's command and env and what the dry run left unchecked."""
+    if dry.batch is not None:
+        print_slurm_dry_run(dry.plan, dry.batch)
+        return
+    print_host_commands(dry.plan)
+    print_dry_run_limits(dry.plan, dry.checks)
+
+
+def print_host_commands(plan: LaunchPlan) -> None:
     console.print(f"job {plan.job.name} ({plan.job_id}): {len(plan.hosts)} host(s), world size "
                   f"{plan.world_size}, master {plan.master_addr}:{plan.master_port}", markup=False)
     job = plan.job
@@ -211,11 +225,11 @@ def print_dry_run(plan: LaunchPlan) -> None:
             console.print(f"  env: {key}={value}", markup=False)
 
 
-def print_slurm_dry_run(plan: LaunchPlan, runner: SlurmBackend) -> None:
+def print_slurm_dry_run(plan: LaunchPlan, batch: BatchScript) -> None:
     """The batch script as sbatch gets it, and the env each node's supervisor reads from its
     0600 request file (secrets masked)."""
-    argv, script, env = runner.dry_run(plan)
-    console.print(f"job {plan.job.name} ({plan.job_id}) on Slurm ({runner.client.where}): "
+    argv, script, env = batch.argv, batch.script, batch.env
+    console.print(f"job {plan.job.name} ({plan.job_id}) on Slurm ({batch.where}): "
                   f"{len(plan.hosts)} node(s) x {plan.hosts[0].nproc}, world size {plan.world_size}", markup=False)
     console.print(f"each node: {plan.hosts[0].display('<state>/torchrun', '<state>/rankwrap.py')}", markup=False)
     console.print(f"submit: {shlex.join(argv)}\n\n{script}", markup=False)
@@ -313,59 +327,75 @@ def print_nccl(result: RunResult) -> None:
                           f"{', '.join(n.transports) or '?'}", markup=False)
 
 
+NprocOpt = Annotated[str | None, typer.Option("--nproc-per-node", help="int, gpu, cpu or auto.")]
+MasterPortOpt = Annotated[str | None, typer.Option("--master-port", help="Port number or auto.")]
+EnvOpt = Annotated[list[str] | None, typer.Option("--env", "-e", help="KEY=VALUE, repeatable.")]
+HostsOpt = Annotated[str | None, typer.Option("--hosts", help="Comma-separated subset, in node-rank order.")]
+BackendOpt = Annotated[BackendChoice | None, typer.Option(
+    "--backend", help="ssh (the inventory's hosts) or slurm (sbatch); default: slurm when the job "
+    "file has a \\[slurm] table.")]
+DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="Print each host's command and env; run nothing.")]
+DetachOpt = Annotated[bool, typer.Option("--detach", help="Start and return; see ddpctl ps/logs/down.")]
+FreePortOpt = Annotated[bool, typer.Option("--free-port", help="Kill a non-ddpctl holder of the master port.")]
+RunsDirOpt = Annotated[Path, typer.Option("--runs-dir", help="Where run logs and summary.json go.")]
+HangTimeoutOpt = Annotated[float | None, typer.Option(
+    "--hang-timeout", min=1, help="No output from any rank for this many seconds: dump all stacks.",
+    rich_help_panel="Hangs")]
+OnHangOpt = Annotated[OnHangChoice, typer.Option("--on-hang", help="After the hang dump: report, or stop the job.",
+                                                 rich_help_panel="Hangs")]
+DumpOnInterruptOpt = Annotated[bool, typer.Option(
+    "--dump-on-interrupt", help="On Ctrl-C, dump every rank's stack before stopping.", rich_help_panel="Hangs")]
+NcclDebugOpt = Annotated[bool, typer.Option(
+    "--nccl-debug", help="NCCL_DEBUG=INFO to a per-host file; print the interface and transport "
+    "NCCL chose.", rich_help_panel="Hangs")]
+NoSyncOpt = Annotated[bool, typer.Option(
+    "--no-sync", help="Do not copy the source to the hosts first, though the job file has \\[sync].")]
+NoChecksOpt = Annotated[bool, typer.Option(
+    "--no-checks", help="Skip the pre-launch checks (master port probe, names, interfaces, script).")]
+JoinTimeoutOpt = Annotated[float | None, typer.Option(
+    "--join-timeout", min=0, max=MAX_JOIN_TIMEOUT_S,
+    help="Ranks not all joined this many seconds after torchrun started: "
+    "diagnose, stop, exit 1 (0: off; default: [rendezvous] join_timeout, 120).", rich_help_panel="Hangs")]
+LostAfterOpt = Annotated[float | None, typer.Option(
+    "--lost-after", min=MIN_LOST_AFTER, max=MAX_JOIN_TIMEOUT_S,
+    help="A host out of reach this many seconds is lost and the job "
+    "stops; shorter silences are ridden out and the host re-attached (default: \\[supervise] lost_after, "
+    f"{DEFAULT_LOST_AFTER:.0f}).", rich_help_panel="Hangs")]
+MaxRestartsOpt = Annotated[int | None, typer.Option(
+    "--max-restarts", min=0, max=MAX_RESTARTS,
+    help="Restart the job this many times in all after a failure: a faulty host "
+    "is left out (spares take its place), a deterministic bug is not retried (default: \\[restart] "
+    "max_restarts, 0).", rich_help_panel="Restarts")]
+RunIdOpt = Annotated[str | None, typer.Option(
+    "--run-id", hidden=True, help="The run's id (a detached job's restart loop is given it).")]
+
+
 @handle_errors
+@ssh_flags()
 def up_command(
     job_file: Annotated[Path, typer.Argument(help="The job file (job.toml).", show_default=False)],
-    nproc_per_node: Annotated[str | None, typer.Option("--nproc-per-node", help="int, gpu, cpu or auto.")] = None,
-    master_port: Annotated[str | None, typer.Option("--master-port", help="Port number or auto.")] = None,
-    env: Annotated[list[str] | None, typer.Option("--env", "-e", help="KEY=VALUE, repeatable.")] = None,
-    hosts: Annotated[str | None, typer.Option("--hosts", help="Comma-separated subset, in node-rank order.")] = None,
-    backend: Annotated[BackendChoice | None, typer.Option(
-        "--backend", help="ssh (the inventory's hosts) or slurm (sbatch); default: slurm when the job "
-        "file has a \\[slurm] table.")] = None,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print each host's command and env; run nothing.")] = False,
-    detach: Annotated[bool, typer.Option("--detach", help="Start and return; see ddpctl ps/logs/down.")] = False,
-    free_port: Annotated[bool, typer.Option(
-        "--free-port", help="Kill a non-ddpctl holder of the master port.")] = False,
+    nproc_per_node: NprocOpt = None,
+    master_port: MasterPortOpt = None,
+    env: EnvOpt = None,
+    hosts: HostsOpt = None,
+    backend: BackendOpt = None,
+    dry_run: DryRunOpt = False,
+    detach: DetachOpt = False,
+    free_port: FreePortOpt = False,
     grace: GraceOpt = 10.0,
-    runs_dir: Annotated[Path, typer.Option("--runs-dir", help="Where run logs and summary.json go.")] = Path("runs"),
-    hang_timeout: Annotated[float | None, typer.Option(
-        "--hang-timeout", min=1, help="No output from any rank for this many seconds: dump all stacks.",
-        rich_help_panel="Hangs")] = None,
-    on_hang: Annotated[OnHangChoice, typer.Option("--on-hang", help="After the hang dump: report, or stop the job.",
-                                            rich_help_panel="Hangs")] = OnHangChoice.report,
-    dump_on_interrupt: Annotated[bool, typer.Option(
-        "--dump-on-interrupt", help="On Ctrl-C, dump every rank's stack before stopping.",
-        rich_help_panel="Hangs")] = False,
-    nccl_debug: Annotated[bool, typer.Option(
-        "--nccl-debug", help="NCCL_DEBUG=INFO to a per-host file; print the interface and transport "
-        "NCCL chose.", rich_help_panel="Hangs")] = False,
-    no_sync: Annotated[bool, typer.Option(
-        "--no-sync", help="Do not copy the source to the hosts first, though the job file has \\[sync].")] = False,
-    no_checks: Annotated[bool, typer.Option(
-        "--no-checks", help="Skip the pre-launch checks (master port probe, names, interfaces, script).")] = False,
-    join_timeout: Annotated[float | None, typer.Option(
-        "--join-timeout", min=0, max=MAX_JOIN_TIMEOUT_S,
-        help="Ranks not all joined this many seconds after torchrun started: "
-        "diagnose, stop, exit 1 (0: off; default: [rendezvous] join_timeout, 120).",
-        rich_help_panel="Hangs")] = None,
-    lost_after: Annotated[float | None, typer.Option(
-        "--lost-after", min=MIN_LOST_AFTER, max=MAX_JOIN_TIMEOUT_S,
-        help="A host out of reach this many seconds is lost and the job "
-        "stops; shorter silences are ridden out and the host re-attached (default: \\[supervise] lost_after, "
-        f"{DEFAULT_LOST_AFTER:.0f}).", rich_help_panel="Hangs")] = None,
-    max_restarts: Annotated[int | None, typer.Option(
-        "--max-restarts", min=0, max=MAX_RESTARTS,
-        help="Restart the job this many times in all after a failure: a faulty host "
-        "is left out (spares take its place), a deterministic bug is not retried (default: \\[restart] "
-        "max_restarts, 0).", rich_help_panel="Restarts")] = None,
-    run_id: Annotated[str | None, typer.Option(
-        "--run-id", hidden=True, help="The run's id (a detached job's restart loop is given it).")] = None,
-    ssh_config: SshConfigOpt = None,
-    known_hosts: KnownHostsOpt = None,
-    accept_new_host_keys: AcceptNewOpt = False,
-    parallel: ParallelOpt = 64,
-    connect_timeout: ConnectTimeoutOpt = 10.0,
+    runs_dir: RunsDirOpt = Path("runs"),
+    hang_timeout: HangTimeoutOpt = None,
+    on_hang: OnHangOpt = OnHangChoice.report,
+    dump_on_interrupt: DumpOnInterruptOpt = False,
+    nccl_debug: NcclDebugOpt = False,
+    no_sync: NoSyncOpt = False,
+    no_checks: NoChecksOpt = False,
+    join_timeout: JoinTimeoutOpt = None,
+    lost_after: LostAfterOpt = None,
+    max_restarts: MaxRestartsOpt = None,
+    run_id: RunIdOpt = None,
+    *,
+    connection: Connection,
 ) -> None:
     """Launch torchrun on every host of the job, with the right node rank, and stream its output.
 
@@ -374,50 +404,59 @@ def up_command(
       ddpctl up job.toml           # check the hosts, launch, stream the output
       ddpctl up job.toml --detach  # start and return; then ddpctl logs <job> -f
     """
-    overrides = JobOverrides(
+    job = load_job(job_file, JobOverrides(
         nproc_per_node=parse_nproc(nproc_per_node), master_port=parse_port(master_port),  # type: ignore[arg-type]
         env=tuple(parse_env_assignment(e) for e in env or ()),
-        hosts=(hosts,) if hosts else None, backend=backend.value if backend else None)
-    job = load_job(job_file, overrides)
+        hosts=(hosts,) if hosts else None, backend=backend.value if backend else None))
     options = LaunchOptions(grace=grace, hang_timeout=hang_timeout, on_hang=on_hang.as_literal(),
                             dump_on_interrupt=dump_on_interrupt, nccl_debug=nccl_debug, free_port=free_port,
                             runs_dir=runs_dir, checks=not no_checks, join_timeout=join_timeout,
                             sync=not no_sync, lost_after=lost_after)
-    budget = job.restart.max_restarts if max_restarts is None else max_restarts
-    check_restartable(budget, detach, job.slurm is not None)
-    with make_pool(ssh_config, known_hosts, accept_new_host_keys, parallel, connect_timeout) as pool:
-        runner = backend_for(pool, job)
-        if not dry_run and not isinstance(runner, SlurmBackend):
-            pool.connect_ahead(job.hosts)  # the handshakes run while the launch is planned
-        try:
-            if dry_run:
-                plan = core.plan_job(job, runner, options)
-                if isinstance(runner, SlurmBackend):
-                    print_slurm_dry_run(plan, runner)
-                    return
-                print_dry_run(plan)
-                print_dry_run_limits(plan, options.checks)
-                return
-            shown = node_hosts(job, job.slurm) if job.slurm else (*job.hosts, *job.spares)
-            printer = Printer([h.name for h in shown], job.watch.pulse)
-            if detach and budget > 0:
-                print_loop(detached_restarts.start_loop(job, pool, sys.argv[1:], Path.cwd()), job.inventory.source)
-            if detach:
-                print_detached(core.detach(job, runner, printer, options))
-            if budget > 0:
-                with printer:
-                    run = restart.launch(job, lambda attempt_job: backend_for(pool, attempt_job), printer, options,
-                                         budget, run_id)
-            else:
-                with printer:
-                    result = core.launch(job, runner, printer, options)
-        except ChecksFailed as exc:
-            print_checks_failed(exc)
-            raise typer.Exit(1) from None
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # the job is over: a late signal
-            signal.signal(sig, signal.SIG_IGN)  # keeps its exit code and summary
-    if budget > 0:
-        print_restarted(run, nccl_debug)
+    request = UpRequest(options, connection, dry_run=dry_run, detach=detach, max_restarts=max_restarts,
+                        run_id=run_id, argv=tuple(sys.argv[1:]))
+    printer = printer_for(job)
+    try:
+        with printer if request.attached else contextlib.nullcontext():
+            outcome = run_up(job, request, printer)
+    except ChecksFailed as exc:
+        print_checks_failed(exc)
+        raise typer.Exit(1) from None
+    raise typer.Exit(show_outcome(outcome, job, nccl_debug))
+
+
+def printer_for(job: Job) -> Printer:
+    """The Printer for the job's hosts (a Slurm job's nodes; the spares too, for a restart's)."""
+    shown = node_hosts(job, job.slurm) if job.slurm else (*job.hosts, *job.spares)
+    return Printer([h.name for h in shown], job.watch.pulse)
+
+
+def show_outcome(outcome: UpOutcome, job: Job, nccl_debug: bool) -> int:
+    """Print what `up` did; its exit code."""
+    match outcome:
+        case DryRun():
+            print_dry_run(outcome)
+            return 0
+        case LoopStarted():
+            print_loop(outcome, job.inventory.source)
+            return 0
+        case Detached():
+            return print_detached(outcome)
+        case Restarted():
+            ignore_late_signals()
+            return print_restarted(outcome.run, nccl_debug)
+        case Finished():
+            ignore_late_signals()
+            return print_finished(outcome.result, nccl_debug)
+
+
+def ignore_late_signals() -> None:
+    """The job is over: a late signal keeps its exit code and summary."""
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
+
+
+def print_finished(result: RunResult, nccl_debug: bool) -> int:
+    """The first failure, NCCL's choices (--nccl-debug), and the verdict line; the exit code."""
     print_failure(result)
     if nccl_debug:
         print_nccl(result)
@@ -427,16 +466,7 @@ def up_command(
     report = result.run_dir / "report.html"
     page = f"; report: {report}" if report.exists() else ""
     err_console.print(f"ddpctl: job {result.job_id} {verdict}; logs: {result.run_dir}{page}", highlight=False)
-    raise typer.Exit(result.exit_code)
-
-
-def check_restartable(budget: int, detach: bool, slurm: bool) -> None:
-    """A detached job's restarts run from its first host, over SSH: on Slurm they are refused
-    before anything starts."""
-    if budget > 0 and detach and slurm:
-        raise ConfigError("--detach with restarts on Slurm: the restarting loop would need a host of its own",
-                          key="--detach", hint="run `up` attached (on the login node, in tmux or screen), or use "
-                          "[slurm] requeue = true, which Slurm carries out itself")
+    return result.exit_code
 
 
 def inventory_flag(inventory: Path | None) -> str:
@@ -444,17 +474,16 @@ def inventory_flag(inventory: Path | None) -> str:
     return f" -i {shlex.quote(str(inventory))}" if inventory is not None else ""
 
 
-def print_loop(loop: detached_restarts.LoopStarted, inventory: Path | None) -> NoReturn:
+def print_loop(loop: LoopStarted, inventory: Path | None) -> None:
     where = inventory_flag(inventory)
     notice(f"detached: the restart loop of run {loop.run_id} runs on {loop.host} (pid {loop.pid}; its output: "
            f"{loop.host}:{loop.log}). Follow: ddpctl logs {loop.run_id} -f{where}; stop: ddpctl down "
            f"{loop.run_id}{where} (the loop first, so nothing is restarted)")
-    raise typer.Exit(0)
 
 
-def print_restarted(run: restart.RestartedRun, nccl_debug: bool) -> NoReturn:
+def print_restarted(run: RestartedRun, nccl_debug: bool) -> int:
     """The last attempt's failure as a plain `up` tells it, then the run: attempts, hosts left
-    out, and why it stopped restarting."""
+    out, and why it stopped restarting; the exit code."""
     result = run.result
     if result is not None and not result.ok:
         print_failure(result)
@@ -471,11 +500,11 @@ def print_restarted(run: restart.RestartedRun, nccl_debug: bool) -> NoReturn:
             err_console.print(Text(f"ddpctl: {run.reason}", style="bold red"))
         verdict = f"failed (exit {run.exit_code}) after {attempts}"
     err_console.print(f"ddpctl: run {run.run_id} {verdict}; logs: {run.run_dir}", highlight=False)
-    raise typer.Exit(run.exit_code)
+    return run.exit_code
 
 
-def print_detached(out: core.Detached) -> None:
-    """Report a detached start and exit: 0 when every host started."""
+def print_detached(out: Detached) -> int:
+    """Report a detached start; the exit code: 0 when every host started."""
     for err in out.report.failed.values():
         notice(f"{err.host}: {err.message}")
     job_id = out.plan.job_id
@@ -483,8 +512,8 @@ def print_detached(out: core.Detached) -> None:
         where = f" {out.plan.job.source}" if out.plan.job.source else ""
         notice(f"detached: submitted Slurm job {out.report.slurm_job_id} ({job_id}). "
                f"Follow: ddpctl logs{where or ' ' + job_id} -f; stop: ddpctl down{where or ' ' + job_id}")
-        raise typer.Exit(0)
+        return 0
     where = inventory_flag(out.plan.job.inventory.source)
     notice(f"detached: started on {len(out.report.started)} host(s). "
            f"Follow: ddpctl logs {job_id} -f{where}; stop: ddpctl down {job_id}{where}")
-    raise typer.Exit(0 if not out.report.failed else 1)
+    return 0 if not out.report.failed else 1

@@ -6,8 +6,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
-from orchestrator.doctor.checks import CHECKS, run_checks
-from orchestrator.doctor.gather import (
+from orchestrator.checks.gather import (
     checkpoint_listings,
     checkpoint_markers,
     close_all,
@@ -15,7 +14,7 @@ from orchestrator.doctor.gather import (
     run_probe,
     settle_addressing,
 )
-from orchestrator.doctor.model import (
+from orchestrator.checks.model import (
     CheckStatus,
     DoctorContext,
     Finding,
@@ -23,6 +22,7 @@ from orchestrator.doctor.model import (
     ProbeResults,
     Report,
 )
+from orchestrator.checks.registry import CHECKS, run_checks
 from orchestrator.remote.pool import HostPool
 from orchestrator.remote.wire import HostFacts
 

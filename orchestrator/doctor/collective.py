@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 from inventory import Inventory, Job, Rendezvous
-from orchestrator.doctor.model import CheckStatus, DoctorContext, Finding
+from orchestrator.checks.model import CheckStatus, DoctorContext, Finding
+from orchestrator.doctor.collective_jobs import SMOKE_LINE, CollectiveRun, bandwidth, smoke
 from orchestrator.errors import HostError, HostsFailed, LaunchBlocked
 from orchestrator.launch.backends.base import Backend
-from orchestrator.launch.collective import SMOKE_LINE, CollectiveRun, bandwidth, smoke
 
 MAX_PAIR_HOSTS = 8  # --pairs runs one job per pair: n(n-1)/2 of them
 SLOW_PAIR = 0.5  # a pair below this fraction of the median pair bandwidth is flagged

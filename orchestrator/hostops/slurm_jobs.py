@@ -14,15 +14,23 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from inventory.slurm import SlurmSpec
+from inventory.specs import SlurmSpec
+from node_agent.layout import (
+    SLURM_DOWN_MARK,
+    SLURM_FOLLOW_PATTERN,
+    SLURM_JOB_COMMENT,
+    SLURM_NODE_FILE,
+    slurm_runs_dir,
+    slurm_state_dir,
+)
 from orchestrator.errors import HostError, HostErrorKind
 from orchestrator.hostops.stacks import StacksReport, assemble
-from orchestrator.launch.backends.slurm import FOLLOW_PATTERN, NODE_FILE, STACKS_TIMEOUT_S
-from orchestrator.launch.backends.slurm_script import DOWN_MARK, JOB_COMMENT, state_dir
 from orchestrator.remote.agent import AgentEvent, AgentResult, decode, start_agent
-from orchestrator.remote.slurm import QueuedJob, SlurmClient, on_every_node
+from orchestrator.remote.slurm_client import QueuedJob, SlurmClient, on_every_node
 from orchestrator.remote.transport import OutputLine
 from orchestrator.remote.wire import parse_supervise
+
+SLURM_STACKS_TIMEOUT_S = 120.0  # py-spy on every node of the job, together
 
 LineSink = Callable[[str, str], None]  # (node, line)
 GONE_TIMEOUT_S = 120.0
@@ -42,7 +50,7 @@ def configured_here() -> bool:
 
 def ddpctl_jobs(client: SlurmClient) -> list[QueuedJob]:
     """This user's ddpctl jobs in Slurm's queue (pending, running, completing)."""
-    return [j for j in client.jobs(JOB_COMMENT) if j.active]
+    return [j for j in client.jobs(SLURM_JOB_COMMENT) if j.active]
 
 
 @dataclass(frozen=True)
@@ -57,15 +65,15 @@ def find(client: SlurmClient, target: str) -> SlurmTarget | None:
     restarted run's id (its newest attempt, `<run id>.<n>`)."""
     if target.isdigit():
         job = client.job(target)
-        if job is None or job.comment != JOB_COMMENT:
+        if job is None or job.comment != SLURM_JOB_COMMENT:
             return None
         return SlurmTarget(job.name, job.job_id, job.state)
     named = (f"{target}-", f"{target}.")  # a job name's runs; a run id's attempts
-    queued = [j for j in client.jobs(JOB_COMMENT) if j.name == target or j.name.startswith(named)]
+    queued = [j for j in client.jobs(SLURM_JOB_COMMENT) if j.name == target or j.name.startswith(named)]
     if queued:
         job = max(queued, key=lambda j: int(j.job_id))
         return SlurmTarget(job.name, job.job_id, job.state)
-    runs = f"{client.home().rstrip('/')}/.ddpctl/runs"
+    runs = slurm_runs_dir(client.home())
     listing = client.run(["ls", "-1t", "--", runs], check=False).stdout.split()
     for name in listing:  # newest first: a finished job's files are still there
         ours = re.fullmatch(r".*-\d{8}-\d{6}-[0-9a-f]{4}(\.\d+)?", name) is not None  # a job id (an attempt's)
@@ -88,7 +96,7 @@ def cancel(client: SlurmClient, target: SlurmTarget, timeout: float = GONE_TIMEO
         return "ended"
     who = f"`ddpctl down` by {getpass.getuser()} on {socket.gethostname()}"
     with contextlib.suppress(HostError):  # the mark lets an attached `up` say who; the cancel goes on without
-        client.write(f"{state_dir(client.home(), target.job_id)}/{DOWN_MARK}", who.encode())
+        client.write(f"{slurm_state_dir(client.home(), target.job_id)}/{SLURM_DOWN_MARK}", who.encode())
     client.cancel(target.slurm_id)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -104,7 +112,7 @@ def cancel(client: SlurmClient, target: SlurmTarget, timeout: float = GONE_TIMEO
 def show_line(name: str, text: str, sink: LineSink) -> None:
     """One line of the job's files as `logs` shows it: program output per node; the node
     supervisor's own events only where they say something (its error, its exit)."""
-    m = NODE_FILE.match(name)
+    m = SLURM_NODE_FILE.match(name)
     node = f"node{m.group('node')}" if m else "batch"
     message = decode(OutputLine("stdout", text))
     if isinstance(message, OutputLine):
@@ -117,8 +125,8 @@ def show_line(name: str, text: str, sink: LineSink) -> None:
 
 def logs(client: SlurmClient, target: SlurmTarget, follow: bool, sink: LineSink) -> None:
     """Replay every node's output (every run of a requeued job); with follow, until it ends."""
-    state = state_dir(client.home(), target.job_id)
-    stream = start_agent(client.transport, "follow", {"dir": state, "pattern": FOLLOW_PATTERN, "poll": 0.2})
+    state = slurm_state_dir(client.home(), target.job_id)
+    stream = start_agent(client.transport, "follow", {"dir": state, "pattern": SLURM_FOLLOW_PATTERN, "poll": 0.2})
     if not follow:
         stream.send(b"STOP\n")  # one pass over what is there
     stopped = not follow
@@ -145,5 +153,5 @@ def stacks(client: SlurmClient, target: SlurmTarget, spec: SlurmSpec) -> StacksR
     names = [f"node{i}" for i in range(int(count) if count.isdigit() else 1)]
     replies, errors = on_every_node(client, spec, target.slurm_id, names, "stacks",
                                     {"job": target.job_id, "python": spec.python},
-                                    f"{state_dir(client.home(), target.job_id)}/stacks", STACKS_TIMEOUT_S)
+                                    f"{slurm_state_dir(client.home(), target.job_id)}/stacks", SLURM_STACKS_TIMEOUT_S)
     return assemble(target.job_id, replies, {name: err.message for name, err in errors.items()})

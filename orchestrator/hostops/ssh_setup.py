@@ -15,9 +15,9 @@ from inventory import Host, Job
 from orchestrator.errors import HostError, HostErrorKind
 from orchestrator.remote.agent import call_agent
 from orchestrator.remote.keys import DEFAULT_KEY, LocalKey, ensure_key, key_login, password_login
-from orchestrator.remote.pool import DEFAULT_PARALLEL, FanOut, HostPool, make_pool
-from orchestrator.remote.slurm import login_host
-from orchestrator.remote.ssh_options import RecordedHostKey
+from orchestrator.remote.pool import FanOut, HostPool, make_pool
+from orchestrator.remote.slurm_client import login_host
+from orchestrator.remote.ssh_options import Connection, RecordedHostKey
 from orchestrator.remote.transport import Transport
 
 T = TypeVar("T")
@@ -75,11 +75,7 @@ class SetupOptions:
     """The key and the SSH options every command takes."""
 
     key: Path = DEFAULT_KEY
-    ssh_config: Path | None = None
-    known_hosts: tuple[Path, ...] = ()
-    accept_new_host_keys: bool = False
-    parallel: int = DEFAULT_PARALLEL
-    connect_timeout: float = 10.0
+    connection: Connection = field(default_factory=Connection)
     timeout: float = 60.0  # seconds for each host's authorize_key round trip
 
 
@@ -150,7 +146,7 @@ def setup_hosts(job: Job) -> list[Host]:
     return list(job.hosts)
 
 
-def judge(host: Host, install: Installed | HostError | None, verify: HostError | bool | None) -> HostSetup:
+def host_outcome(host: Host, install: Installed | HostError | None, verify: HostError | bool | None) -> HostSetup:
     """One host's outcome from the password step (None: not tried) and the key-only login (True:
     worked, None: not tried)."""
 
@@ -233,15 +229,14 @@ def ssh_setup(hosts: Sequence[Host], options: SetupOptions, passwords: PasswordS
     for h in hosts:
         install = _one(installed, h.name)
         verify = _one(verified, h.name)
-        rows.append(judge(h, install, verify))
+        rows.append(host_outcome(h, install, verify))
     return SetupReport(key, rows, recorded)
 
 
 def _pool(options: SetupOptions, login: Callable[[Host], Mapping[str, Any]],
           record: Callable[[RecordedHostKey], None]) -> HostPool:
     """A pool with every command's SSH options, logging in as `login` says."""
-    return make_pool(options.ssh_config, options.known_hosts, options.accept_new_host_keys, options.parallel,
-                     options.connect_timeout, login=login, on_new_host_key=record)
+    return make_pool(options.connection.recording(record), login=login)
 
 
 def _worth_verifying(installed: FanOut[Installed], name: str) -> bool:

@@ -1,6 +1,6 @@
 """Where is every rank stuck: collect every rank's stack (the rank wrapper's own, or py-spy's) and
 flight records from every host, collapse identical stacks, and name the collective the job waits in
-and the ranks that never entered it (orchestrator/watch/collectives.py)."""
+and the ranks that never entered it (orchestrator/hostops/collectives.py)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from inventory import Host, Inventory
+from orchestrator.hostops.collectives import CollectiveVerdict, RankRecords, parse_entries, verdict
 from orchestrator.hostops.jobs import JobAbsent
 from orchestrator.remote.agent import call_agent
 from orchestrator.remote.pool import FanOut, HostPool
-from orchestrator.watch.collectives import CollectiveVerdict, RankRecords, parse_entries, verdict
 
 LIBRARY_MARKERS = ("site-packages", "dist-packages", "/lib/python", "<frozen")
 # ddpctl's rank wrapper and the runpy frames it runs the script through: the same on every rank
@@ -80,6 +80,7 @@ class StacksReport:
     answered: tuple[str, ...] = ()  # the hosts whose agent answered (a failed one is in host_errors)
     verdict: CollectiveVerdict | None = None  # the collective it waits in, from the flight records
     records: list[RankRecords] = field(default_factory=list)
+    absent: JobAbsent | None = None  # no host that answered runs a rank of the job (stacks_absent)
 
 
 def format_ranges(numbers: Iterable[int]) -> str:

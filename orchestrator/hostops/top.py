@@ -13,13 +13,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from inventory import Host
-from inventory.slurm import SlurmSpec
+from inventory.specs import SlurmSpec
+from node_agent.layout import slurm_state_dir
 from orchestrator.errors import HostError, HostErrorKind
 from orchestrator.hostops import slurm_jobs
-from orchestrator.launch.backends.slurm_script import state_dir
 from orchestrator.remote.agent import call_agent
 from orchestrator.remote.pool import HostPool
-from orchestrator.remote.slurm import SlurmClient, on_every_node
+from orchestrator.remote.slurm_client import SlurmClient, on_every_node
 from orchestrator.remote.transport import Transport
 from orchestrator.remote.wire import HostTop, TopNode, parse_top, selected_gpus
 
@@ -252,7 +252,7 @@ def slurm_sample(client: SlurmClient, spec: SlurmSpec, target: slurm_jobs.SlurmT
     names = [f"node{i}" for i in range(int(count) if count.isdigit() else 1)]
     replies, errors = on_every_node(client, spec, target.slurm_id, names, "top",
                                     {"job": target.job_id, "interval": interval},
-                                    f"{state_dir(client.home(), target.job_id)}/top", interval + SLURM_SLACK_S)
+                                    f"{slurm_state_dir(client.home(), target.job_id)}/top", interval + SLURM_SLACK_S)
     results: dict[str, HostTop] = {}
     for name, reply in replies.items():
         try:

@@ -11,6 +11,7 @@ from inventory import Job
 from orchestrator.errors import HostsFailed
 from orchestrator.launch.backends.base import Backend, DetachReport
 from orchestrator.launch.inline import InlineProgram
+from orchestrator.launch.monitor import MonitorFactory, no_monitors
 from orchestrator.launch.observer import Observer
 from orchestrator.launch.options import LaunchOptions
 from orchestrator.launch.plan import LaunchPlan, build_plan, new_job_id
@@ -38,10 +39,12 @@ def plan_job(job: Job, backend: Backend, options: LaunchOptions | None = None, *
 
 
 def run_plan(plan: LaunchPlan, backend: Backend, observer: Observer,
-             options: LaunchOptions | None = None) -> RunResult:
-    """Start a settled plan and supervise it to the end (fail fast, no orphans)."""
+             options: LaunchOptions | None = None, monitors: MonitorFactory = no_monitors) -> RunResult:
+    """Start a settled plan and supervise it to the end (fail fast, no orphans), with the monitors
+    `monitors` makes for it (orchestrator/watch/monitors.py: `up`'s)."""
     options = options or LaunchOptions()
-    return Supervision(plan, backend, observer, options.run_dir_of(plan.job_id), options).run()
+    return Supervision(plan, backend, observer, options.run_dir_of(plan.job_id), options,
+                       monitors(plan, options)).run()
 
 
 def sync_code(job: Job, backend: Backend, observer: Observer, options: LaunchOptions) -> None:
@@ -61,9 +64,10 @@ def sync_code(job: Job, backend: Backend, observer: Observer, options: LaunchOpt
 
 
 def launch(job: Job, backend: Backend, observer: Observer, options: LaunchOptions | None = None, *,
-           inline: InlineProgram | None = None, attempt: Attempt | None = None) -> RunResult:
+           inline: InlineProgram | None = None, attempt: Attempt | None = None,
+           monitors: MonitorFactory = no_monitors) -> RunResult:
     """Sync, pre-launch round trip, plan, start, supervise: the whole of `ddpctl up` (one attempt
-    of it, where orchestrator/launch/restart.py runs the job again after a failure)."""
+    of it, where orchestrator/restarts/loop.py runs the job again after a failure)."""
     options = options or LaunchOptions()
     if attempt is not None:
         options = replace(options, run_dir=attempt.run_dir)
@@ -74,7 +78,7 @@ def launch(job: Job, backend: Backend, observer: Observer, options: LaunchOption
     if attempt is not None:
         plan = replace(plan, run_id=attempt.run_id)
     observer.on_plan(plan, options.run_dir_of(plan.job_id))
-    return run_plan(plan, backend, observer, options)
+    return run_plan(plan, backend, observer, options, monitors)
 
 
 @dataclass(frozen=True)

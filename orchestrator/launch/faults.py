@@ -76,7 +76,7 @@ def limits_for(job_lost_after: float | None, option_lost_after: float | None) ->
     return FaultLimits(lost_after=DEFAULT_LOST_AFTER if chosen is None else max(chosen, MIN_LOST_AFTER))
 
 
-def judge(link: Link, quiet_s: float, limits: FaultLimits) -> LinkState | None:
+def link_state_after(link: Link, quiet_s: float, limits: FaultLimits) -> LinkState | None:
     """The state a host's link moves to after `quiet_s` seconds without contact, or None when it
     stays where it is (a LOST link stays lost)."""
     if link.state is LinkState.LOST:

@@ -10,10 +10,10 @@ from typing import Protocol
 
 from orchestrator.launch.labels import RankLines
 from orchestrator.launch.plan import LaunchPlan
+from orchestrator.launch.progress import Status
 from orchestrator.launch.result import HostRun, HostState
 from orchestrator.sync.core import HostSync, SyncEvent
 from orchestrator.sync.text import sync_line
-from orchestrator.watch.monitor import Status
 
 
 class Observer(Protocol):

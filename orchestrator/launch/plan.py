@@ -135,7 +135,7 @@ def host_env(job: Job, host: Host, job_id: str, picked: Mapping[str, str] | None
     env = {**(picked or {}), **host.env, **job.env}
     env.update(selection_env(host, env))
     env["DDPCTL_JOB_ID"] = job_id
-    # what a script needs to resume: orchestrator/launch/restart.py sets them per attempt in the
+    # what a script needs to resume: orchestrator/restarts/loop.py sets them per attempt in the
     # job's env; a job that is not restarted runs attempt 0 of a run of its own
     env.setdefault(ATTEMPT_ENV, "0")
     env.setdefault(RUN_ID_ENV, job_id)

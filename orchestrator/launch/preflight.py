@@ -14,23 +14,23 @@ from dataclasses import dataclass, field
 from inventory import ConfigError, Host, Job
 from inventory.fields import is_ip_address
 from inventory.gpus import declared_gpus, selection
-from orchestrator.doctor.addressing import Addressing, PickedInterfaces, is_loopback
-from orchestrator.doctor.checks import run_checks
-from orchestrator.doctor.context import from_job
-from orchestrator.doctor.gather import (
-    Session,
+from orchestrator.checks.addressing import Addressing, PickedInterfaces, is_loopback
+from orchestrator.checks.context import from_job
+from orchestrator.checks.gather import (
     close_all,
     open_sessions,
     run_probe,
     settle_addressing,
     settle_interfaces,
 )
-from orchestrator.doctor.model import CheckStatus, Finding, Observations, ProbeResults
+from orchestrator.checks.master_port import Holder, port_verdict
+from orchestrator.checks.model import CheckStatus, Finding, Observations, ProbeResults
+from orchestrator.checks.registry import run_checks
 from orchestrator.errors import HostError, HostErrorKind, HostsFailed, LaunchBlocked
-from orchestrator.launch.master_port import Holder, judge
 from orchestrator.launch.plan import Nproc
 from orchestrator.remote.agent import call_agent
 from orchestrator.remote.pool import HostPool
+from orchestrator.remote.session import Session
 from orchestrator.remote.wire import HostFacts, parse_report
 
 LAUNCH_FACTS = ("cpu_count", "gpu_count", "python", "workdir", "master_port", "free_port")
@@ -206,7 +206,7 @@ def settle_master_port(job: Job, pool: HostPool, facts: dict[str, HostFacts], fr
         notice(f"master port auto: {mf.free_port} is free on {master.name}")
         return mf.free_port
     port = int(job.rendezvous.master_port)
-    verdict = judge(master.name, port, mf.master_port)
+    verdict = port_verdict(master.name, port, mf.master_port)
     if verdict.holder == Holder.FREE:
         return port
     if verdict.holder != Holder.STALE and not (verdict.holder == Holder.FOREIGN and free_foreign):

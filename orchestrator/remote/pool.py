@@ -6,16 +6,15 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from inventory import ConfigError, Host
 from orchestrator.errors import HostError, HostErrorKind
 from orchestrator.remote.predial import PreDial, dial_target
-from orchestrator.remote.ssh_options import RecordedHostKey, SshOptions, names_a_proxy
+from orchestrator.remote.ssh_options import DEFAULT_PARALLEL, Connection, SshOptions, names_a_proxy
 from orchestrator.remote.transport import LocalTransport, Transport
 
 if TYPE_CHECKING:
@@ -23,7 +22,7 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-DEFAULT_PARALLEL = 64
+__all__ = ["DEFAULT_PARALLEL", "Connection", "FanOut", "HostPool", "make_pool"]
 
 
 @dataclass
@@ -147,14 +146,10 @@ class HostPool:
         self.close()
 
 
-def make_pool(ssh_config: Path | None, known_hosts: Sequence[Path] | None, accept_new: bool,
-              parallel: int = DEFAULT_PARALLEL, connect_timeout: float = 10.0, *,
-              login: Callable[[Host], Mapping[str, Any]] | None = None,
-              on_new_host_key: Callable[[RecordedHostKey], None] | None = None) -> HostPool:
-    """A pool with the SSH options every command (and the Python API) takes."""
+def make_pool(connection: Connection, *, login: Callable[[Host], Mapping[str, Any]] | None = None) -> HostPool:
+    """A pool reaching its hosts as `connection` says (every command's SSH flags, or the Python
+    API's keywords); `login`: per host, connect kwargs replacing keys and agent (ssh-setup's)."""
+    ssh_config = connection.ssh.ssh_config
     if ssh_config is not None and not ssh_config.is_file():
         raise ConfigError(f"SSH config file {ssh_config} does not exist", key="--ssh-config")
-    options = SshOptions(ssh_config=ssh_config, known_hosts=tuple(known_hosts or ()),
-                         accept_new_host_keys=accept_new, connect_timeout=connect_timeout,
-                         on_new_host_key=on_new_host_key)
-    return HostPool(options, max_parallel=parallel, login=login)
+    return HostPool(connection.ssh, max_parallel=connection.parallel, login=login)

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+
+DEFAULT_PARALLEL = 64
 
 
 @dataclass(frozen=True)
@@ -28,6 +30,19 @@ class SshOptions:
     connect_timeout: float = 10.0
     # Told of every host key accept-new records (from the connecting threads).
     on_new_host_key: Callable[[RecordedHostKey], None] | None = field(default=None, compare=False)
+
+
+@dataclass(frozen=True)
+class Connection:
+    """How a command reaches its hosts, from its SSH flags to its pool: the SSH options and how
+    many hosts it contacts at once."""
+
+    ssh: SshOptions = SshOptions()
+    parallel: int = DEFAULT_PARALLEL
+
+    def recording(self, on_new_host_key: Callable[[RecordedHostKey], None]) -> Connection:
+        """The same connection, telling `on_new_host_key` of every host key accept-new records."""
+        return replace(self, ssh=replace(self.ssh, on_new_host_key=on_new_host_key))
 
 
 def config_files(path: Path | None) -> list[Path]:

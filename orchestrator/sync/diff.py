@@ -1,17 +1,5 @@
 """What one host needs, from the source tree, the host's manifest and the record of what earlier
-syncs of this source put there: pure, no I/O.
-
-Whose a path is decides what the sync may do to it:
-- A file the source sends is the sync's to write where the host has none, where the host's file
-  is still the one an earlier sync of this source left (the record's size and mtime), or, while
-  this source has no record there (a first sync, or a copy made by an older ddpctl), where the
-  host's file is not newer than the source's. Any other host file at that path is the host's: it is
-  kept and reported as a conflict, never overwritten.
-- A file the source does not send is removed only where this source's record lists it, the host's
-  file is unchanged since, `delete` is on, it is not excluded, and no other source's record lists
-  it. Everything else there (outputs, checkpoints, caches, logs) is the host's and left alone.
-- A directory is removed only where the record says a sync made it and nothing is left in it.
-"""
+syncs of this source put there; pure, no I/O (docs/architecture.md, "Whose a synced path is")."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pathspec
 
-from inventory.sync import SyncSpec
+from inventory.specs import SyncSpec
 from node_agent.syncdest import RECORD_DIR
 
 # A repository's own data never goes to the hosts, nor do the records of what earlier syncs put in

@@ -2,8 +2,8 @@
 the straggler, a stall (no rank stepped for max(hang_after, 5 x the p95 step time)), and the
 findings, kept for summary.json and the report at the end (report.json, report.html).
 
-The launch core's supervision feeds it the ranks' records and asks it on its timer; it decides
-nothing about the job's fate (a stall is reported, the job runs on unless --on-hang=stop)."""
+Its monitor (orchestrator/watch/progress.py) feeds it the core's events and asks it on the core's
+timer; it decides nothing about the job's fate."""
 
 from __future__ import annotations
 
@@ -16,6 +16,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from inventory.model import WatchSpec
+from orchestrator.launch.monitor import Finding
+from orchestrator.launch.progress import Status, duration
 from orchestrator.remote.wire import HostSample, RankPhase, StepWindow
 from orchestrator.watch.straggler import Comparison, RankWindow, StragglerWatch
 
@@ -25,69 +27,6 @@ IDLE_UTIL_PCT = 5.0  # a job's GPU at or below this, for [watch] gpu_idle_after,
 CREEP_SAMPLES = 12  # memory creeping: risen in all but one of the last this many samples...
 CREEP_FRACTION = 0.10  # ...by this much of where it started...
 CREEP_MIB = 64.0  # ...and by at least this many MiB
-
-
-@dataclass(frozen=True)
-class Finding:
-    """Something wrong with a running job, said once: a straggler, a hang or stall, a lost host."""
-
-    kind: str  # "straggler", "hang", "no progress", "host lost", "gpu idle", "memory creeping"
-    text: str
-    at: float  # time.time()
-    rank: int | None = None
-    host: str | None = None
-    step: int | None = None  # the job's optimizer step when it was said
-
-    def to_json(self, started: float | None) -> dict[str, Any]:
-        return {"kind": self.kind, "text": self.text, "at": self.at, "rank": self.rank, "host": self.host,
-                "step": self.step, "t": round(self.at - started, 3) if started is not None else None}
-
-
-@dataclass(frozen=True)
-class Status:
-    """The job's progress now, for the status line and the pulse."""
-
-    step: int
-    total: int | None
-    rate: float | None  # steps per second (the ranks' median)
-    p50_ms: float | None
-    p95_ms: float | None
-    slowest: str | None  # the last round's slowest rank, when it is noticeably slower
-    quiet_s: float  # seconds since a rank last stepped
-
-    @property
-    def eta_s(self) -> float | None:
-        if self.total is None or not self.rate or self.step >= self.total:
-            return None
-        return (self.total - self.step) / self.rate
-
-    def text(self, quiet_from: float = 10.0) -> str:
-        """One line; "no step for ..." once no rank has stepped for `quiet_from` seconds."""
-        parts = [f"step {self.step}" + (f"/{self.total}" if self.total else "")]
-        if self.rate is not None:
-            parts.append(f"{self.rate:.3g} steps/s")
-        if self.p50_ms is not None and self.p95_ms is not None:
-            parts.append(f"step {_ms(self.p50_ms)} (p95 {_ms(self.p95_ms)})")
-        if self.eta_s is not None:
-            parts.append(f"ETA {duration(self.eta_s)}")
-        if self.slowest:
-            parts.append(f"slowest {self.slowest}")
-        if self.quiet_s >= quiet_from and self.quiet_s >= 1:
-            parts.append(f"no step for {duration(self.quiet_s)}")
-        return " · ".join(parts)
-
-
-def _ms(value: float) -> str:
-    return f"{value:.0f} ms" if value < 10_000 else f"{value / 1000:.1f} s"
-
-
-def duration(seconds: float) -> str:
-    seconds = max(0, int(seconds))
-    if seconds < 60:
-        return f"{seconds}s"
-    if seconds < 3600:
-        return f"{seconds // 60}m{seconds % 60:02d}s"
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
 @dataclass

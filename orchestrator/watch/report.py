@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from orchestrator.launch.monitor import Action, Quiet, Say
 from orchestrator.launch.plan import LaunchPlan
 from orchestrator.launch.result import RunResult
 from orchestrator.watch.monitor import Watch
@@ -30,3 +32,18 @@ def write_report(run_dir: Path, report: dict[str, Any]) -> Path:
     page = run_dir / "report.html"
     page.write_text(render_html(report))
     return page
+
+
+class ReportWriter(Quiet):
+    """The report as a supervision monitor: written when the job is over, from its Watch."""
+
+    def __init__(self, plan: LaunchPlan, watch: Watch) -> None:
+        self.plan = plan
+        self.watch = watch
+
+    def finish(self, result: RunResult) -> Sequence[Action]:
+        try:
+            write_report(result.run_dir, build_report(self.plan, result, self.watch))
+        except (OSError, ValueError, TypeError) as exc:  # the run's outcome stands without its page
+            return [Say(f"the run's report was not written: {exc}")]
+        return ()

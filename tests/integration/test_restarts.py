@@ -1,4 +1,4 @@
-"""Restarts on the real cluster (orchestrator/launch/restart.py): a host killed, a host that exits
+"""Restarts on the real cluster (orchestrator/restarts/loop.py): a host killed, a host that exits
 with a listed host-fault code, a spare that fails the pre-launch checks, a job that shrinks, a
 deterministic bug, a budget spent, Ctrl-C in a backoff, a detached run. The job
 (train_jobs/resumable.py) saves a checkpoint every few steps into DDPCTL_CHECKPOINT_DIR and resumes

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from inventory import Host
-from orchestrator.doctor.model import DoctorContext, Observations, ProbeResults
+from orchestrator.checks.model import DoctorContext, Observations, ProbeResults
 from orchestrator.errors import HostError
 from orchestrator.remote.wire import HostFacts
 

@@ -10,10 +10,10 @@ from typing import Any
 from doctor_fixtures import HOSTS, clean_facts, context, host_facts, observe
 
 from inventory import Host
-from orchestrator.doctor.addressing import HostNet, Route, pick_interfaces, pick_master_address, plan_addressing
-from orchestrator.doctor.checks import firewall, ifname, names
-from orchestrator.doctor.gather import settle_addressing
-from orchestrator.doctor.model import CheckStatus, ProbeOutcome, ProbeResults
+from orchestrator.checks import firewall, ifname, names
+from orchestrator.checks.addressing import HostNet, Route, pick_interfaces, pick_master_address, plan_addressing
+from orchestrator.checks.gather import settle_addressing
+from orchestrator.checks.model import CheckStatus, ProbeOutcome, ProbeResults
 
 
 def iface(name: str, address: str, prefixlen: int = 24, up: bool = True) -> dict[str, Any]:

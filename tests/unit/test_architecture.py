@@ -1,10 +1,13 @@
-"""The layout's one-way arrows, checked on the source: commands never reach into node_agent, nothing
-imports orchestrator, inventory stays pure, node_agent stays standard-library only."""
+"""The layout's one-way arrows, checked on the source: every arrow between packages points down the
+layers (docs/architecture.md draws them), no module import circle anywhere, commands never reach into
+node_agent, nothing imports orchestrator, inventory stays pure, node_agent stays standard-library
+only, and each agent reply is defined once."""
 
 from __future__ import annotations
 
 import ast
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -55,3 +58,150 @@ def test_the_agent_wire_is_decoded_only_in_the_remote_layer() -> None:
     users = [str(p.relative_to(ROOT)) for p in sorted((ROOT / "orchestrator").rglob("*.py"))
              if "node_agent.protocol" in imports(p)]
     assert users == ["orchestrator/remote/agent.py"]
+
+
+def test_each_agent_reply_is_defined_once() -> None:
+    """Practice 15: the control plane declares no class of its own named like a node_agent reply,
+    and the wire module reads no reply key by hand (`x["key"]`, `x.get("key")`): it decodes the
+    replies from node_agent/replies*.py by their annotations."""
+    replies = {n.name for p in sorted((ROOT / "node_agent").glob("replies*.py"))
+               for n in ast.walk(ast.parse(p.read_text())) if isinstance(n, ast.ClassDef)}
+    mirrored = {f"{p.relative_to(ROOT)}:{n.name}" for p in sorted((ROOT / "orchestrator").rglob("*.py"))
+                for n in ast.walk(ast.parse(p.read_text())) if isinstance(n, ast.ClassDef) and n.name in replies}
+    assert mirrored == set()
+    wire = ast.parse((ROOT / "orchestrator/remote/wire.py").read_text())
+    keyed = sorted({n.lineno for n in ast.walk(wire)
+                    if (isinstance(n, ast.Subscript) and isinstance(n.slice, ast.Constant)
+                        and isinstance(n.slice.value, str))
+                    or (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "get"
+                    and n.args and isinstance(n.args[0], ast.Constant) and isinstance(n.args[0].value, str)
+                    and not any(isinstance(a, ast.FunctionDef) and a.name == "HostFacts" for a in ()))})
+    facts = next(n for n in wire.body if isinstance(n, ast.ClassDef) and n.name == "HostFacts")
+    allowed = set(range(facts.lineno, (facts.end_lineno or facts.lineno) + 1))  # doctor's sub-facts by name
+    assert [line for line in keyed if line not in allowed] == []
+
+
+# -- the layers -------------------------------------------------------------------------------
+
+SOURCES = ("orchestrator", "inventory", "node_agent")
+
+# Top to bottom. A package imports only packages of a lower layer (never one of its own layer but
+# itself): the CLI and the Python API on top, inventory and node_agent below everything.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("orchestrator.__main__",),
+    ("orchestrator.cli",),  # the typer app: finds each command in commands/
+    ("orchestrator.commands",),  # one module per command: flags, one call, rendering
+    ("orchestrator",),  # the package's root: lazily re-exports the Python API
+    ("orchestrator.api",),
+    ("orchestrator.run_up",),  # run_up: dry run, detach, restarts, plain launch; the CLI's and the API's
+    ("orchestrator.restarts",),
+    ("orchestrator.doctor",),  # doctor's runner: the checks, and the jobs it launches (smoke, bandwidth)
+    ("orchestrator.watch",),  # the monitors that plug into supervision: progress, straggler, hang, watchdog
+    ("orchestrator.launch",),  # plan, pre-launch round trip, the supervision core, the backends
+    ("orchestrator.checks", "orchestrator.hostops", "orchestrator.sync"),
+    ("orchestrator.remote",),
+    ("orchestrator.errors",),
+    ("inventory", "node_agent"),
+)
+UNITS = {unit: rank for rank, layer in enumerate(LAYERS) for unit in layer}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for folder in SOURCES for p in sorted((ROOT / folder).rglob("*.py"))}
+
+
+def imported(name: str, path: Path, known: dict[str, Path]) -> Iterator[str]:
+    """Every module of ours that `name` imports, anywhere in its body (a lazy import is an arrow too)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, *([node.module] if node.module else [])])
+            targets = [base, *(f"{base}.{alias.name}" for alias in node.names)]
+        else:
+            continue
+        yield from (t for t in targets if t in known)
+
+
+def unit_of(name: str) -> str:
+    """The layer unit a module belongs to: its longest prefix named in LAYERS."""
+    parts = name.split(".")
+    for n in range(len(parts), 0, -1):
+        if ".".join(parts[:n]) in UNITS:
+            return ".".join(parts[:n])
+    raise AssertionError(f"{name} is in no layer: add its package to LAYERS")
+
+
+def graph() -> dict[str, set[str]]:
+    known = modules()
+    return {name: set(imported(name, path, known)) - {name} for name, path in known.items()}
+
+
+def test_every_module_is_in_a_layer() -> None:
+    for name in modules():
+        unit_of(name)
+
+
+def test_every_arrow_between_packages_points_down() -> None:
+    upward = sorted(f"{a} -> {b}" for a, targets in graph().items() for b in targets
+                    if unit_of(a) != unit_of(b) and UNITS[unit_of(b)] <= UNITS[unit_of(a)])
+    assert upward == []
+
+
+def strongly_connected(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Tarjan's components of more than one module (iterative: the graph is a few hundred nodes)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root in sorted(edges):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(edges[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(edges.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_no_import_circle_anywhere() -> None:
+    assert strongly_connected(graph()) == []
+
+
+def test_the_circle_finder_finds_a_circle() -> None:
+    assert strongly_connected({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]

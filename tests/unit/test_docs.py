@@ -16,11 +16,11 @@ import pytest
 import typer.core
 import typer.main
 
-from inventory import hostfile, jobfile, loading, restart, slurm, sync, watch
+from inventory import hostfile, jobfile, loading, restart, slurm_table, sync, watch
 from orchestrator import cli
-from orchestrator.doctor import explain
-from orchestrator.doctor import slurm as slurm_doctor
-from orchestrator.doctor.checks import CHECKS
+from orchestrator.checks import explain
+from orchestrator.checks import slurm_nodes as slurm_doctor
+from orchestrator.checks.registry import CHECKS
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -166,7 +166,7 @@ def documented_keys(page: str) -> set[str]:
 def test_the_job_file_page_documents_exactly_the_keys_the_loader_accepts() -> None:
     tables = {"job": jobfile.JOB_KEYS, "rendezvous": jobfile.RENDEZVOUS_KEYS,
               "supervise": jobfile.SUPERVISE_KEYS, "restart": restart.RESTART_KEYS, "watch": watch.WATCH_KEYS,
-              "sync": sync.SYNC_KEYS, "slurm": slurm.SLURM_KEYS}
+              "sync": sync.SYNC_KEYS, "slurm": slurm_table.SLURM_KEYS}
     assert set(jobfile.JOB_FILE_KEYS) == {*tables, "inventory", "env"}  # a new table needs its rows here
     expected = {f"{table}.{key}" for table, keys in tables.items() for key in keys} | {"inventory"}
     documented = documented_keys("job-file.md")
@@ -303,8 +303,8 @@ def test_every_check_doctor_can_report_has_an_entry() -> None:
 def test_the_troubleshooting_page_carries_the_entries_verbatim() -> None:
     page = (DOCS / "troubleshooting.md").read_text(encoding="utf-8")
     assert explain.with_region(page) == page, (
-        "docs/troubleshooting.md's doctor findings differ from orchestrator/doctor/explain/*.md: "
-        "run python -m orchestrator.doctor.explain --write-docs")
+        "docs/troubleshooting.md's doctor findings differ from orchestrator/checks/explain/*.md: "
+        "run python -m orchestrator.checks.explain --write-docs")
     assert {explain.anchor(c) for c in explain.CHECK_ORDER} <= anchors(DOCS / "troubleshooting.md")
 
 
@@ -333,7 +333,7 @@ def _literal_parts(node: ast.expr) -> list[str]:
 def finding_messages() -> Iterator[tuple[str, str, str]]:
     """(where, check, the longest literal piece of the message) of every finding doctor's checks make."""
     names: dict[str, str] = {"SLURM": "slurm", "PARTITION": "partition", "PROCTRACK": "proctrack", "ALLOC": "alloc"}
-    sources = [*sorted((ROOT / "orchestrator/doctor/checks").glob("*.py")), ROOT / "orchestrator/doctor/slurm.py",
+    sources = [*sorted((ROOT / "orchestrator/checks").glob("*.py")), ROOT / "orchestrator/checks/slurm_nodes.py",
                ROOT / "orchestrator/doctor/collective.py"]
     for path in sources:
         tree = ast.parse(path.read_text(encoding="utf-8"))
@@ -360,14 +360,14 @@ def test_each_entry_names_every_message_its_check_prints() -> None:
     missing = [f"{where} [{check}] {piece!r}" for where, check, piece in found
                if check in explain.CHECK_ORDER and piece not in explain.entry(check)]
     assert not missing, "messages doctor prints that its explain/<check>.md does not name:\n" + "\n".join(missing)
-    from orchestrator.doctor.checks.ssh import WHAT
+    from orchestrator.checks.ssh import WHAT
 
     assert all(what in explain.entry("ssh") for what in WHAT.values())
 
 
 def up_finding_kinds() -> set[str]:
     kinds = set()
-    for path in (ROOT / "orchestrator/watch/monitor.py", ROOT / "orchestrator/launch/supervise.py"):
+    for path in sorted((ROOT / "orchestrator/watch").glob("*.py")):  # the monitors make every finding
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "Finding"
                     and node.args and isinstance(node.args[0], ast.Constant)):

@@ -16,10 +16,11 @@ from doctor_fixtures import HOSTS, context, observe
 
 from inventory import Host
 from node_agent import facts
+from orchestrator.checks import checkpoint
+from orchestrator.checks.gather import MARKER_PREFIX, checkpoint_markers, facts_request
+from orchestrator.checks.model import CheckStatus, DoctorContext, Finding, Observations
+from orchestrator.checks.registry import run_checks
 from orchestrator.doctor import run_doctor
-from orchestrator.doctor.checks import checkpoint, run_checks
-from orchestrator.doctor.gather import MARKER_PREFIX, checkpoint_markers, facts_request
-from orchestrator.doctor.model import CheckStatus, DoctorContext, Finding, Observations
 from orchestrator.remote.pool import HostPool
 
 FAIL, WARN, INFO, OK, SKIP = (CheckStatus.FAIL, CheckStatus.WARN, CheckStatus.INFO, CheckStatus.OK,

@@ -7,21 +7,9 @@ from typing import Any
 import pytest
 from doctor_fixtures import HOSTS, observe
 
-from orchestrator.doctor.checks import (
-    CHECKS,
-    agreement,
-    clock,
-    firewall,
-    ifname,
-    names,
-    nccl,
-    node,
-    port,
-    run_check,
-    run_checks,
-    ssh,
-)
-from orchestrator.doctor.model import CheckStatus, Finding, Observations, ProbeOutcome, ProbeResults
+from orchestrator.checks import agreement, clock, firewall, ifname, names, nccl, node, port, ssh
+from orchestrator.checks.model import CheckStatus, Finding, Observations, ProbeOutcome, ProbeResults
+from orchestrator.checks.registry import CHECKS, run_check, run_checks
 from orchestrator.errors import HostError, HostErrorKind
 
 FAIL, WARN, INFO, OK = CheckStatus.FAIL, CheckStatus.WARN, CheckStatus.INFO, CheckStatus.OK

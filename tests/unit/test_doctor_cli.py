@@ -9,9 +9,9 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
+from orchestrator.checks.model import CheckStatus, Finding, Report
+from orchestrator.checks.render import render
 from orchestrator.cli import app
-from orchestrator.doctor.model import CheckStatus, Finding, Report
-from orchestrator.doctor.render import render
 
 runner = CliRunner()
 
@@ -75,7 +75,7 @@ def test_doctor_on_this_machine_prints_json_and_exits_0() -> None:
 
 @pytest.mark.parametrize("name", ["firewall", "fw", "FW", "ifname", "if", "alloc"])
 def test_explain_prints_the_checks_entry_without_contacting_a_host(name: str) -> None:
-    from orchestrator.doctor import explain
+    from orchestrator.checks import explain
 
     # an inventory that does not exist: --explain reads none
     result = runner.invoke(app, ["doctor", "--explain", name, "-i", "/nonexistent/hosts.toml"])

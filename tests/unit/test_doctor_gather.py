@@ -9,8 +9,8 @@ from typing import Any
 
 from doctor_fixtures import HOSTS, clean_facts, context
 
-from orchestrator.doctor.addressing import HostNet
-from orchestrator.doctor.gather import (
+from orchestrator.checks.addressing import HostNet
+from orchestrator.checks.gather import (
     Listening,
     ProbeRound,
     Session,

@@ -11,8 +11,9 @@ from doctor_fixtures import HOSTS, context, host_facts, observe
 
 from inventory import Host
 from node_agent import factparse
-from orchestrator.doctor.checks import agreement, node, run_checks
-from orchestrator.doctor.model import CheckStatus, Finding, Observations, ProbeResults
+from orchestrator.checks import agreement, node
+from orchestrator.checks.model import CheckStatus, Finding, Observations, ProbeResults
+from orchestrator.checks.registry import run_checks
 from orchestrator.launch.preflight import LAUNCH_CHECKS
 
 FAIL, WARN, OK = CheckStatus.FAIL, CheckStatus.WARN, CheckStatus.OK

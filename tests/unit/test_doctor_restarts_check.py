@@ -14,10 +14,11 @@ from doctor_fixtures import HOSTS, context, observe
 import orchestrator.cli
 from inventory import Host
 from node_agent import facts, torch_facts
+from orchestrator.checks import restarts
+from orchestrator.checks.gather import facts_request
+from orchestrator.checks.model import CheckStatus, DoctorContext, Finding
+from orchestrator.checks.registry import run_checks
 from orchestrator.doctor import run_doctor
-from orchestrator.doctor.checks import restarts, run_checks
-from orchestrator.doctor.gather import facts_request
-from orchestrator.doctor.model import CheckStatus, DoctorContext, Finding
 from orchestrator.remote.pool import HostPool
 
 WARN, OK, SKIP = CheckStatus.WARN, CheckStatus.OK, CheckStatus.SKIP

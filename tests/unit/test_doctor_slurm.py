@@ -18,12 +18,13 @@ from typing import Any
 import pytest
 
 from inventory import LOCALHOST, load_job
-from inventory.slurm import SlurmSpec
+from inventory.specs import SlurmSpec
 from node_agent.protocol import RESULT_PREFIX
-from orchestrator.doctor import slurm as ds
-from orchestrator.doctor.checks import slurm as dc
-from orchestrator.doctor.model import CheckStatus, Finding
-from orchestrator.remote.slurm import SlurmClient, node_script, parse_config
+from orchestrator.checks import slurm_controller as dc
+from orchestrator.checks import slurm_nodes as ds
+from orchestrator.checks.model import CheckStatus, Finding
+from orchestrator.doctor import slurm_doctor
+from orchestrator.remote.slurm_client import SlurmClient, node_script, parse_config
 from orchestrator.remote.transport import CommandResult
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -392,8 +393,8 @@ def test_run_slurm_doctor_skips_the_node_checks_when_the_job_cannot_start(
     (tmp_path / "job.toml").write_text('[job]\nname = "t"\nscript = "train.py"\n[slurm]\nnodes = 2\n'
                                        'partition = "short"\n')
     fake = ScriptedSlurm()
-    monkeypatch.setattr(ds, "slurm_client", lambda pool, login, inventory: SlurmClient(fake))
-    report = ds.run_slurm_doctor(load_job(tmp_path / "job.toml"), pool=None)  # type: ignore[arg-type]
+    monkeypatch.setattr(slurm_doctor, "slurm_client", lambda pool, login, inventory: SlurmClient(fake))
+    report = slurm_doctor.run_slurm_doctor(load_job(tmp_path / "job.toml"), pool=None)  # type: ignore[arg-type]
     assert report.exit_code() == 1 and report.hosts == ["slurm"]
     assert report.cell("slurm", "partition") == CheckStatus.FAIL
     assert fake.ran("sbatch") == []
@@ -411,8 +412,8 @@ def test_run_slurm_doctor_runs_doctors_node_checks_on_the_replies(tmp_path: Path
              "node-1.out": reply_line("c2", 1, [dialed(0, "c1", "ephemeral", 40000),
                                                 dialed(0, "c1", "master_port", 29542, ok=False)])}
     fake = ScriptedSlurm(files=files)
-    monkeypatch.setattr(ds, "slurm_client", lambda pool, login, inventory: SlurmClient(fake))
-    report = ds.run_slurm_doctor(load_job(tmp_path / "job.toml"), pool=None)  # type: ignore[arg-type]
+    monkeypatch.setattr(slurm_doctor, "slurm_client", lambda pool, login, inventory: SlurmClient(fake))
+    report = slurm_doctor.run_slurm_doctor(load_job(tmp_path / "job.toml"), pool=None)  # type: ignore[arg-type]
     assert report.hosts == ["slurm", "c1", "c2"] and report.checks[:4] == ["slurm", "partition", "proctrack", "alloc"]
     (blocked,) = [f for f in report.findings if f.check == "firewall" and f.status == CheckStatus.FAIL]
     assert blocked.host == "c1" and "master port 29542" in blocked.message

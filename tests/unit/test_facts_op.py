@@ -18,8 +18,9 @@ import pytest
 
 from inventory import LOCALHOST
 from node_agent import facts, probe
-from orchestrator.doctor.gather import Session, close_all
+from orchestrator.checks.gather import close_all
 from orchestrator.remote.agent import AgentResult, call_agent, start_agent
+from orchestrator.remote.session import Session
 from orchestrator.remote.transport import LocalTransport
 from tests.unit.ports_listeners import listening
 

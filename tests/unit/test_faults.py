@@ -23,8 +23,8 @@ from orchestrator.launch.faults import (
     LinkState,
     fault_table,
     fault_table_markdown,
-    judge,
     limits_for,
+    link_state_after,
 )
 
 RUNNING = Path(__file__).resolve().parents[2] / "docs" / "running.md"
@@ -52,7 +52,7 @@ TRANSITIONS = [
                          ids=[c[0] for c in TRANSITIONS])
 def test_judge_moves_a_link_by_how_long_it_has_been_quiet(
         state: LinkState, quiet: float, expected: LinkState | None) -> None:
-    assert judge(Link("b", state), quiet, LIMITS) is expected
+    assert link_state_after(Link("b", state), quiet, LIMITS) is expected
 
 
 def test_a_link_records_when_it_entered_its_state() -> None:

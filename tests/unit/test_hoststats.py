@@ -8,6 +8,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -15,10 +16,14 @@ from typing import Any
 import pytest
 from top_fakes import fake_job, install_fake_nvidia_smi, recorded
 
-from node_agent import hoststats, runstate, top
+from node_agent import hoststats, runstate, supervisor, top
 from node_agent.factparse import parse_nvidia_gpu_stats, parse_proc_net_dev
+from node_agent.replies import wire
+from node_agent.replies_top import GpuStat
+from orchestrator.remote.wire import parse_sample, parse_top
 
 H100 = "NVIDIA H100 80GB HBM3"
+CPU_HOST = hoststats.GpuSample((), None, False)
 
 
 def gpu(index: int, util: float | None, used: float | None, total: float | None, power: float | None,
@@ -86,19 +91,20 @@ def test_gpu_sample_runs_the_query_and_a_host_without_nvidia_smi_is_a_cpu_host()
         seen.append(argv)
         return recorded("idle.csv")
 
-    assert len(hoststats.gpu_sample(runner)["gpus"]) == 2
+    idle = hoststats.gpu_sample(runner)
+    assert [g.index for g in idle.gpus] == [0, 1] and idle.error is None and idle.nvidia_smi
     assert seen == [["nvidia-smi", "--query-gpu=index,uuid,name,utilization.gpu,memory.used,memory.total,"
                                    "power.draw", "--format=csv,noheader,nounits"]]
 
     def missing(argv: list[str], timeout: float) -> tuple[int, str]:
         raise FileNotFoundError(argv[0])
 
-    assert hoststats.gpu_sample(missing) == {"gpus": [], "error": None, "nvidia_smi": False}
+    assert hoststats.gpu_sample(missing) == hoststats.GpuSample((), None, False)
 
     def hung(argv: list[str], timeout: float) -> tuple[int, str]:
         raise subprocess.TimeoutExpired(argv, timeout)
 
-    assert hoststats.gpu_sample(hung)["error"] == "nvidia-smi did not answer in 5 s"
+    assert hoststats.gpu_sample(hung) == hoststats.GpuSample((), "nvidia-smi did not answer in 5 s", True)
 
 
 @pytest.mark.parametrize("recording", ["busy.csv", "gpu_lost.txt", "nvml_failed.txt"])
@@ -107,7 +113,9 @@ def test_the_fake_nvidia_smi_replays_its_recording_for_the_real_command(
     fake = install_fake_nvidia_smi(tmp_path / "bin", recording)
     monkeypatch.setenv("PATH", f"{fake}{os.pathsep}{os.environ['PATH']}")
     code, output = recorded(recording)
-    assert hoststats.gpu_sample() == {**parse_nvidia_gpu_stats(output, code), "nvidia_smi": True}
+    parsed = parse_nvidia_gpu_stats(output, code)
+    gpus = tuple(GpuStat(**g) for g in parsed["gpus"])
+    assert hoststats.gpu_sample() == hoststats.GpuSample(gpus, parsed["error"], True)
 
 
 # -- processes and the NIC --------------------------------------------------------------------------
@@ -174,8 +182,8 @@ def test_proc_net_dev_and_rates_over_the_jobs_interfaces() -> None:
 ])
 def test_a_ranks_rate_and_whether_it_stalled(record: dict[str, Any], rate: float | None, stalled: bool) -> None:
     got = top.rank_steps({"phase": "step", "rank": 3, "local_rank": 1, **record}, now=100.0)
-    assert (got["steps_per_s"], got["stalled"]) == (rate, stalled)
-    assert (got["rank"], got["local_rank"], got["step"]) == (3, 1, record["step"])
+    assert (got.steps_per_s, got.stalled) == (rate, stalled)
+    assert (got.rank, got.local_rank, got.step) == (3, 1, record["step"])
 
 
 # -- the job's interface ----------------------------------------------------------------------------
@@ -223,8 +231,10 @@ def test_the_op_samples_a_running_job(state_root: Path) -> None:
     window = {"steps": 10, "seconds": 2.0, "p50_ms": 190.0, "p95_ms": 240.0}
     with fake_job(state_root, "hs-1", env={"GLOO_SOCKET_IFNAME": "lo"}, busy_s=1.0, workers=2) as job:
         job.write_step(0, 0, 120, window=window, total=1000)
-        reply = top.sample("hs-1", 0.5, use_psutil=False, gpus=lambda: parse_nvidia_gpu_stats(*reversed(
-            recorded("busy.csv"))))
+        built = top.host_top("hs-1", 0.5, use_psutil=False,
+                             gpus=lambda: hoststats.gpu_sample(lambda argv, t: recorded("busy.csv")))
+    reply = wire(built)
+    assert parse_top("", json.loads(json.dumps(reply, sort_keys=True))) == built  # as the control plane reads it
     (node,) = reply["nodes"]
     assert node["running"] and node["job_id"] == "hs-1" and node["node_rank"] == 0
     # the launcher, the rank and its 2 workers (which carry RANK too, but are not ranks)
@@ -243,7 +253,7 @@ def test_the_op_samples_a_running_job(state_root: Path) -> None:
 def test_the_route_to_the_master_names_the_interface_when_the_job_sets_none(state_root: Path) -> None:
     with fake_job(state_root, "hs-2") as job:
         job.write_step(0, 0, 1)
-        reply = top.sample("hs-2", 0.0, gpus=lambda: {"gpus": [], "error": None, "nvidia_smi": False})
+        reply = top.sample("hs-2", 0.0, gpus=lambda: CPU_HOST)
     (node,) = reply["nodes"]
     assert (node["iface"], node["iface_source"]) == ("lo", "route to 127.0.0.1")
     assert node["ranks"][0]["steps_per_s"] is None  # no window yet
@@ -262,12 +272,65 @@ def test_a_job_that_ended_is_its_last_state_and_nothing_is_sampled(state_root: P
     with fake_job(state_root, "hs-4") as job:
         pass  # its processes are gone now
     started = time.monotonic()
-    reply = top.sample("hs-4", 5.0, gpus=lambda: {"gpus": [], "error": None, "nvidia_smi": False})
+    reply = top.sample("hs-4", 5.0, gpus=lambda: CPU_HOST)
     assert time.monotonic() - started < 4.0  # no interval to wait through
     (node,) = reply["nodes"]
     assert not node["running"] and node["ranks_alive"] == 0 and node["cpu_pct"] is None
     assert job.state_dir.exists()
-    assert top.sample(None, 5.0, gpus=lambda: {"gpus": []})["nodes"] == []  # every job: running ones only
+    assert top.sample(None, 5.0, gpus=lambda: CPU_HOST)["nodes"] == []  # every job: running ones only
+
+
+def test_a_gpu_sample_that_failed_or_hung_is_the_hosts_gpu_error_in_a_reply_that_decodes(
+        monkeypatch: pytest.MonkeyPatch, state_root: Path) -> None:
+    def broken() -> hoststats.GpuSample:
+        raise RuntimeError("no")
+
+    failed = top.host_top(None, 0.0, gpus=broken)
+    assert (failed.gpus, failed.gpu_error, failed.nodes) == ((), "sampling the GPUs failed: RuntimeError: no", ())
+    monkeypatch.setattr(top, "GPU_JOIN_S", 0.05)
+    hung = top.host_top(None, 0.0, gpus=lambda: time.sleep(0.5) or CPU_HOST)  # type: ignore[func-returns-value]
+    assert hung.gpu_error == "nvidia-smi did not finish in 0 s"
+    for reply in (failed, hung):
+        assert parse_top("", json.loads(json.dumps(wire(reply)))) == reply
+
+
+@pytest.mark.parametrize("recording", ["busy.csv", None], ids=["gpu-host", "cpu-host"])
+def test_the_supervisors_sample_events_decode_to_what_it_sampled(
+        recording: str | None, state_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every `sample_every` seconds: the job's CPU, memory and GPUs (nvidia-smi asked again only
+    where it is installed)."""
+    gpu_samples = []
+
+    def sampled_gpus() -> hoststats.GpuSample:
+        got = hoststats.gpu_sample(lambda argv, t: recorded(recording)) if recording else CPU_HOST
+        gpu_samples.append(got)
+        return got
+
+    monkeypatch.setattr(supervisor, "gpu_sample", sampled_gpus)
+    events: list[tuple[str, dict[str, Any]]] = []
+    with fake_job(state_root, "hs-5") as job:
+        sup = supervisor.Supervisor({"job_id": "hs-5", "sample_every": 0.1,
+                                     "env": {"CUDA_VISIBLE_DEVICES": "1,3"}}, detached=False)
+        sup.proc = job.launcher
+        sup.uplink = type("Uplink", (), {"event": lambda self, name, **fields: events.append((name, fields))})()
+        watching = threading.Thread(target=sup.watch_host, daemon=True)
+        watching.start()
+        deadline = time.monotonic() + 20
+        while len(events) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        sup.stopping.set()
+        watching.join(5)
+    assert len(events) >= 3 and {name for name, _ in events} == {"sample"}
+    got = [parse_sample(json.loads(json.dumps(fields, sort_keys=True))) for _, fields in events]
+    assert all(g.processes == 2 and g.rss_bytes and g.cpu_percent is not None for g in got)
+    if recording:
+        assert len(gpu_samples) == len(events)
+        assert all(g.gpus == gpu_samples[0].gpus and g.gpu_select == ("1", "3") for g in got)
+        assert [g.index for g in got[0].job_gpus] == [1, 3]
+    else:  # a CPU host: nvidia-smi asked once, its answer (no GPUs) sent once
+        assert len(gpu_samples) == 1
+        assert (got[0].gpus, got[0].gpu_error, got[0].gpu_select) == ((), None, ("1", "3"))
+        assert all((g.gpus, g.gpu_select) == ((), None) for g in got[1:])
 
 
 def test_a_named_job_is_found_without_reading_every_run(state_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -10,8 +10,8 @@ import pytest
 
 from inventory import ConfigError, load_job
 from inventory.sbatch import OWNED, SBATCH_OPTIONS, allocation_options, split_options
-from inventory.slurm import SlurmSpec
-from orchestrator.doctor import slurm as ds
+from inventory.specs import SlurmSpec
+from orchestrator.checks import slurm_nodes as ds
 
 HEAD = '[job]\nscript = "train.py"\n[slurm]\n'
 

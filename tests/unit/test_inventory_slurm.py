@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from inventory import ConfigError, JobOverrides, load_job
-from inventory.slurm import SlurmSpec, time_seconds
+from inventory.specs import SlurmSpec, time_seconds
 
 HEAD = '[job]\nscript = "train.py"\n'
 

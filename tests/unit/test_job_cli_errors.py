@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from orchestrator.cli import app
-from orchestrator.commands import stacks as stacks_command
+from orchestrator.hostops import control
 from orchestrator.hostops.stacks import StacksReport, assemble
 
 runner = CliRunner()
@@ -76,7 +76,7 @@ def test_stacks_without_py_spy_is_an_error_with_the_fix(monkeypatch: pytest.Monk
     def collect(pool: object, hosts: object, job: str) -> StacksReport:
         return assemble(job, {"localhost": reply}, {})
 
-    monkeypatch.setattr(stacks_command, "collect", collect)
+    monkeypatch.setattr(control, "collect", collect)
     result = runner.invoke(app, ["stacks", "j-1"])
     assert result.exit_code == 1, result.output
     assert result.stdout.splitlines() == ["ranks 0–1 on localhost: no stack: py-spy is not installed on this host"]

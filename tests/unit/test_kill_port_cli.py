@@ -16,6 +16,7 @@ from orchestrator.cli import app
 from orchestrator.commands import kill_port
 from orchestrator.hostops.killport import free_port
 from orchestrator.remote.pool import make_pool
+from orchestrator.remote.ssh_options import Connection
 from tests.unit.ports_listeners import (
     NOBODY,
     SYSTEM_PYTHON,
@@ -125,7 +126,7 @@ def test_json_dry_run_lists_owners_only() -> None:
         data = json.loads(result.stdout)
         assert result.exit_code == 1 and data["exit_code"] == 1 and alive(ln.proc.pid)
         assert [o["pid"] for o in data["hosts"]["localhost"]["owners"]] == [ln.proc.pid]
-        assert "killed" not in data["hosts"]["localhost"]
+        assert data["hosts"]["localhost"]["killed"] == []
 
 
 def test_time_wait_only_is_reported_not_killed() -> None:
@@ -201,7 +202,7 @@ def test_the_table_says_a_torchrun_workers_whole_tree_goes(tmp_path: Path) -> No
 
 def test_free_port_with_only_ddpctl_leaves_a_foreign_holder() -> None:
     """free_port(only_ddpctl=True) (what `ddpctl down` uses) refuses a process outside any ddpctl job."""
-    with listening() as ln, make_pool(None, None, False) as pool:
+    with listening() as ln, make_pool(Connection()) as pool:
         report = free_port(pool, [LOCALHOST], ln.port, only_ddpctl=True).succeeded["localhost"]
         assert alive(ln.proc.pid) and report.killed == () and report.free is False
         assert [r.pid for r in report.refused] == [ln.proc.pid]

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from inventory import Host, Inventory, Job, Rendezvous
-from orchestrator.doctor.model import ProbeOutcome, ProbeResults
+from orchestrator.checks.model import ProbeOutcome, ProbeResults
 from orchestrator.hostops.stacks import StacksReport
 from orchestrator.launch import core
 from orchestrator.launch.backends.base import DetachReport, Emit, Notice, Resolved
@@ -23,8 +23,9 @@ from orchestrator.launch.observer import Collected
 from orchestrator.launch.options import LaunchOptions
 from orchestrator.launch.plan import LaunchPlan, build_plan
 from orchestrator.launch.result import HostRun, RunResult
-from orchestrator.launch.watchdog import RendezvousWatch
 from orchestrator.remote.wire import RankError, RankPhase, SuperviseResult
+from orchestrator.watch.monitors import standard_monitors
+from orchestrator.watch.rendezvous import RendezvousWatch
 
 A = Host(name="a", address="198.18.0.1", python="/opt/py/bin/python")
 B = Host(name="b", address="198.18.0.2")
@@ -94,7 +95,8 @@ def launch(script: Script, tmp_path: Path, job: Job | None = None, join_timeout:
     backend = backend or ScriptedBackend(script)
     out = Collected()
     result = core.launch(job or make_job(), backend, out,
-                         LaunchOptions(grace=1.0, runs_dir=tmp_path, join_timeout=join_timeout))
+                         LaunchOptions(grace=1.0, runs_dir=tmp_path, join_timeout=join_timeout),
+                         monitors=standard_monitors)  # the watchdog, as `up` has it
     return result, out, backend
 
 

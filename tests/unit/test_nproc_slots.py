@@ -9,11 +9,12 @@ import pytest
 from typer.testing import CliRunner
 
 from inventory import Host, HostNproc, Inventory, Job, JobOverrides, load_job
-from inventory.slurm import SlurmSpec, nproc_for
+from inventory.slurm_table import nproc_for
+from inventory.specs import SlurmSpec
+from orchestrator.checks.context import from_job
+from orchestrator.checks.model import CheckStatus, Observations, ProbeResults
+from orchestrator.checks.node import check_nproc
 from orchestrator.cli import app
-from orchestrator.doctor.checks.node import check_nproc
-from orchestrator.doctor.context import from_job
-from orchestrator.doctor.model import CheckStatus, Observations, ProbeResults
 from orchestrator.launch.labels import labels_for
 from orchestrator.launch.plan import Nproc, build_plan
 from orchestrator.launch.preflight import resolve_nprocs, static_nprocs

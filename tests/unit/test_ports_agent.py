@@ -113,7 +113,8 @@ def test_sigkill_after_grace_for_a_process_ignoring_sigterm() -> None:
 def test_dry_run_kills_nothing() -> None:
     with listening(children=1) as ln:
         result = kill(ln.port, dry_run=True)
-        assert result["killed"] == [] and result["free_after"] is False and result["exit_code"] == 1
+        assert result["killed"] == [] and result["free_after"] is None and result["free"] is False
+        assert result["exit_code"] == 1
         assert all(alive(p) for p in ln.pids)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -139,17 +140,20 @@ def test_unseen_sockets(holders: list[dict[str, Any]], unseen: list[str]) -> Non
 
 
 def test_parse_report_of_a_kill() -> None:
-    raw = {"port": 29489, "proto": "tcp", "owners": [
-        {"pid": 5, "user": "alice", "cmdline": ["python", "-c", "a\n  b"], "age_s": 3.0, "status": "LISTEN",
-         "ddpctl_job_id": "j1", "is_torchrun": False, "refusal": None}],
-        "unseen": [{"status": "LISTEN", "laddr": "[::]:29489", "user": "bob"}], "time_wait": 2,
-        "time_wait_max_s": 40.5, "killed": [{"pid": 5, "cmdline": "python -c a", "signal": "SIGKILL", "owner": True}],
-        "refused": [{"pid": None, "reason": "unseen"}], "errors": [{"pid": 6, "error": "EPERM"}],
-        "free_after": False, "dry_run": False}
+    from node_agent.ports import report
+    from node_agent.replies_ports import KilledProcess, RefusedProcess
+
+    info = {"port": 29489, "proto": "tcp", "owners": [
+        {"pid": 5, "user": "alice", "cmdline": ["python", "-c", "a\n  b"], "name": "python", "age_s": 3.0,
+         "status": "LISTEN", "ddpctl_job_id": "j1", "is_torchrun": False, "refusal": None, "ppid": 1}],
+        "unseen": [{"status": "LISTEN", "laddr": "[::]:29489", "user": "bob", "uid": 7}], "time_wait": 2,
+        "time_wait_max_s": 40.5, "free": False}
+    killed = (KilledProcess(5, "python -c a", "SIGKILL", True),)
+    raw = json.loads(json.dumps(report(info, killed=killed, refused=(RefusedProcess(None, "unseen"),),
+                                       errors=("pid 6: EPERM",), free_after=False)))
     r = parse_report("node1", raw)
     assert r.owners[0].command == "python -c a b" and r.owners[0].ddpctl_job_id == "j1"
     assert r.killed[0].signal == "SIGKILL" and r.refused[0].pid is None and r.errors == ("pid 6: EPERM",)
     assert r.unseen[0].user == "bob" and r.time_wait == 2 and r.free is False and r.killable == [r.owners[0]]
-    assert parse_report("node1", {**raw, "dry_run": True}).free_after is None
-    assert parse_report("node1", {"port": 1, "owners": [], "unseen": []}).free is True
-    assert parse_report("node1", {"port": 1, "owners": [], "unseen": raw["unseen"]}).free is False
+    assert r.host == "node1" and json.loads(json.dumps(r.to_json())) == {k: v for k, v in raw.items() if k != "host"}
+    assert parse_report("node1", report(dict(info, owners=[], unseen=[], free=True))).free is True

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import itertools
 
-from orchestrator.doctor.probeplan import dial_plan
+from orchestrator.checks.probeplan import dial_plan
 
 
 def names(n: int) -> list[str]:

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 import node_agent.rankwrap as rankwrap
-from orchestrator.watch.collectives import RankRecords, parse_entries, verdict
+from orchestrator.hostops.collectives import RankRecords, parse_entries, verdict
 
 pytest.importorskip("torch")
 pytestmark = pytest.mark.torch

@@ -55,7 +55,8 @@ def test_supervise_ps_and_down_replies_are_typed() -> None:
     assert sup.exit_code == 1 and sup.first_error is not None and sup.first_error.local_rank == 1
     assert sup.nccl is not None and sup.nccl.interfaces == ("eth0",) and sup.error is None
     (job,) = parse_ps("n1", {"jobs": [{"job_id": "j-1", "node_rank": 0, "pid": 9, "pids": [9, 10],
-                                       "uptime_s": 2.0, "detached": True, "gpu_memory_mib": None}]})
+                                       "uptime_s": 2.0, "detached": True, "gpu_memory_mib": None,
+                                       "job_name": None, "log": None}]})
     assert (job.host, job.job_id, job.pids, job.detached) == ("n1", "j-1", (9, 10), True)
     (stopped,) = parse_down({"stopped": [{"job_id": "j-1", "terminated": [9, 10], "killed": [10],
                                           "commands": {"9": "torchrun"}, "left": []}]})

@@ -1,4 +1,4 @@
-"""The restart policy as data (orchestrator/launch/restart.py): how a failed attempt is classified
+"""The restart policy as data (orchestrator/restarts/loop.py): how a failed attempt is classified
 (host fault, error, deterministic, stopped), which hosts the next attempt runs on (spares, shrinking
 to min_nodes), which hosts a failed pre-launch step blames, and runs/<run id>/summary.json."""
 
@@ -13,13 +13,15 @@ import pytest
 
 from inventory import Host, Inventory, Job, Rendezvous
 from inventory.model import RestartSpec
-from orchestrator.doctor.model import CheckStatus, Finding
+from orchestrator.checks.model import CheckStatus, Finding
 from orchestrator.errors import HostError, HostErrorKind, HostsFailed
 from orchestrator.launch.observer import Collected
 from orchestrator.launch.options import LaunchOptions
 from orchestrator.launch.plan import ATTEMPT_ENV, PREV_FAILURE_ENV, RUN_ID_ENV, host_env
 from orchestrator.launch.preflight import ChecksFailed
-from orchestrator.launch.restart import (
+from orchestrator.launch.result import HostLoss, HostRun, HostState, RankFailure, RunResult
+from orchestrator.remote.wire import RankError
+from orchestrator.restarts.loop import (
     AttemptRecord,
     Exclusion,
     Failure,
@@ -31,8 +33,6 @@ from orchestrator.launch.restart import (
     classify,
     restart_env,
 )
-from orchestrator.launch.result import HostLoss, HostRun, HostState, RankFailure, RunResult
-from orchestrator.remote.wire import RankError
 
 A, B, C = (Host(n, f"198.18.0.{i + 1}") for i, n in enumerate("abc"))
 S1, S2 = Host("s1", "198.18.1.1", spare=True), Host("s2", "198.18.1.2", spare=True)

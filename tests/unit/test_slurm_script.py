@@ -12,13 +12,15 @@ from pathlib import Path
 import pytest
 
 from inventory import load_job
-from inventory.slurm import SlurmSpec, node_hosts, nproc_for
+from inventory.slurm_table import node_hosts, nproc_for
+from inventory.specs import SlurmSpec
+from node_agent.layout import slurm_state_dir as state_dir
 from orchestrator.launch.backends.slurm import batch_request, exit_code_of
-from orchestrator.launch.backends.slurm_script import render_batch, sbatch_argv, state_dir
+from orchestrator.launch.backends.slurm_script import render_batch, sbatch_argv
 from orchestrator.launch.options import LaunchOptions
 from orchestrator.launch.plan import LaunchPlan, build_plan
 from orchestrator.remote.agent import agent_argv
-from orchestrator.remote.slurm import node_script
+from orchestrator.remote.slurm_client import node_script
 
 GOLDEN = Path(__file__).parent / "golden"
 STATE = "/home/alice/.ddpctl/runs/train-20261123-120000-abcd"

@@ -15,19 +15,21 @@ import pytest
 
 from inventory import load_job
 from node_agent.protocol import EVENT_PREFIX, RESULT_PREFIX
+from node_agent.replies import wire
+from node_agent.supervisor import rank_phase
 from orchestrator.launch.backends import slurm as slurm_backend
 from orchestrator.launch.backends.slurm import SlurmBackend, Submission
 from orchestrator.launch.backends.slurm_events import (
     Kind,
     down_nodes,
-    judge,
     queue_seconds,
+    slurm_event_of,
     slurm_said,
 )
 from orchestrator.launch.events import BackendEvent, Ended, Exited, Milestone, Notice, Reported
 from orchestrator.launch.plan import build_plan
 from orchestrator.remote.agent import AgentEvent
-from orchestrator.remote.slurm import parse_key_values, parse_nodes
+from orchestrator.remote.slurm_client import parse_key_values, parse_nodes
 
 RUNNING = ("JobId=34 JobName=train UserId=alice(1000) JobState=RUNNING Reason=None Requeue=1 Restarts=0 "
            "ExitCode=0:0 TimeLimit=01:00:00 SubmitTime=2026-11-25T21:45:50 StartTime=2026-11-25T21:45:53 "
@@ -65,7 +67,7 @@ def test_judge_tells_what_slurm_did_in_its_own_words(fields: dict[str, str], lin
                                                     words: str | None) -> None:
     said = [s for s in map(slurm_said, lines) if s is not None]
     down = {"s2": "DOWN*: Not responding"} if fields.get("JobState") == "NODE_FAIL" else {}
-    event = judge("34", show(**fields), 0, said, down)
+    event = slurm_event_of("34", show(**fields), 0, said, down)
     assert (event.kind if event else None) is kind
     if words is not None:
         assert event is not None and words in event.text, event.text
@@ -74,8 +76,8 @@ def test_judge_tells_what_slurm_did_in_its_own_words(fields: dict[str, str], lin
 
 
 def test_a_later_run_is_judged_by_its_own_restart_count() -> None:
-    assert judge("34", show(Restarts="1"), 1, []) is None  # run 1 runs: nothing happened to it
-    requeued = judge("34", show(Restarts="2", JobState="PENDING"), 1, [])
+    assert slurm_event_of("34", show(Restarts="1"), 1, []) is None  # run 1 runs: nothing happened to it
+    requeued = slurm_event_of("34", show(Restarts="2", JobState="PENDING"), 1, [])
     assert requeued is not None and requeued.kind is Kind.REQUEUED and not requeued.ends_job
 
 
@@ -110,8 +112,9 @@ def result_line(exit_code: int) -> str:
     return RESULT_PREFIX + json.dumps({"exit_code": exit_code, "stop_reason": "supervisor got signal 15"})
 
 
-RANK_ERROR = event_line("rank", phase="error", local_rank=0, rank=1, kind="DistNetworkError",
-                        message="Connection closed by peer", time=1.0, timestamp=1.0)
+RANK_ERROR = event_line("rank", **wire(rank_phase({
+    "phase": "error", "local_rank": 0, "rank": 1, "time": 1.0, "type": "DistNetworkError",
+    "message": "Connection closed by peer"})))
 
 
 @dataclass

@@ -18,7 +18,7 @@ from doctor_fixtures import observe
 from paramiko.ssh_exception import NoValidConnectionsError
 
 from inventory import Host
-from orchestrator.doctor.checks import firewall
+from orchestrator.checks import firewall
 from orchestrator.errors import HostError, HostErrorKind
 from orchestrator.remote.ssh import make_connection
 from orchestrator.remote.ssh_config import HostSshConfig, merge_lookups

@@ -28,7 +28,7 @@ from orchestrator.hostops.ssh_setup import (
     Outcome,
     Reason,
     SetupReport,
-    judge,
+    host_outcome,
     parse_installed,
     reason_for,
 )
@@ -271,18 +271,18 @@ REFUSED = HostError("node1", HostErrorKind.AUTH, "refused every key offered", "s
 def test_judge_combines_the_password_step_and_the_key_only_login(install: Installed | HostError,
                                                                  verify: HostError | bool | None, outcome: Outcome,
                                                                  reason: Reason | None, words: str) -> None:
-    row = judge(NODE1, install, verify)
+    row = host_outcome(NODE1, install, verify)
     assert (row.outcome, row.reason, row.verified) == (outcome, reason, verify is True)
     assert words in row.message
 
 
 def test_loose_modes_are_named_in_the_fix_of_a_refused_key() -> None:
-    row = judge(NODE1, LOOSE, REFUSED)
+    row = host_outcome(NODE1, LOOSE, REFUSED)
     assert row.fix.startswith("~/.ssh is 775 and authorized_keys 664") and "chmod 700 ~/.ssh" in row.fix
 
 
 def test_this_machine_needs_no_setup() -> None:
-    row = judge(LOCALHOST, None, None)
+    row = host_outcome(LOCALHOST, None, None)
     assert row.outcome is Outcome.LOCAL and not row.failed
 
 
@@ -352,7 +352,7 @@ def test_a_job_file_and_an_inventory_together_are_bad_input(tmp_path: Path) -> N
 
 def report() -> SetupReport:
     key = LocalKey(Path("/home/me/.ssh/id_ed25519"), f"{ED} me@here", "ED25519", "SHA256:abc", True)
-    rows = [judge(NODE1, ADDED, True), judge(NODE2, WRONG, REFUSED), judge(LOCALHOST, None, None)]
+    rows = [host_outcome(NODE1, ADDED, True), host_outcome(NODE2, WRONG, REFUSED), host_outcome(LOCALHOST, None, None)]
     recorded = [RecordedHostKey("node1", "198.18.0.11", "ssh-ed25519", "SHA256:hostfp", Path("/k/known_hosts"))]
     return SetupReport(key, rows, recorded)
 

@@ -21,8 +21,8 @@ from rich.console import Console
 from test_launch_core import A, B, C, emit_all, make_job, phase
 
 from inventory import Job
+from orchestrator.checks.model import ProbeResults
 from orchestrator.commands import up
-from orchestrator.doctor.model import ProbeResults
 from orchestrator.hostops.stacks import StacksReport
 from orchestrator.launch import core, supervise
 from orchestrator.launch.backends.base import DetachReport, Emit, Notice, Resolved
@@ -46,6 +46,7 @@ from orchestrator.launch.plan import LaunchPlan, build_plan
 from orchestrator.launch.result import HostLoss, HostRun, HostState, RankFailure, RunResult
 from orchestrator.remote.wire import RankError, SuperviseResult
 from orchestrator.sync.core import Progress, SyncReport
+from orchestrator.watch.monitors import standard_monitors
 
 SILENT_AFTER = 0.4
 CLOCK = re.compile(r"\d\d:\d\d:\d\d")
@@ -128,7 +129,8 @@ def run_job(script: Script, tmp_path: Path, job: Job | None = None, observer: Co
             ) -> tuple[RunResult, Collected, FaultyBackend]:
     backend = FaultyBackend(script)
     out = observer or Collected()
-    result = core.launch(job or make_job(), backend, out, LaunchOptions(grace=1.0, runs_dir=tmp_path))
+    result = core.launch(job or make_job(), backend, out, LaunchOptions(grace=1.0, runs_dir=tmp_path),
+                         monitors=standard_monitors)  # as `up` runs it
     assert not backend.script_errors, backend.script_errors
     return result, out, backend
 
@@ -406,8 +408,9 @@ class SlowObserver(Collected):
 def supervise_directly(backend: FaultyBackend, tmp_path: Path, observer: Collected,
                        lanes: Lanes | None = None) -> RunResult:
     plan = build_plan(make_job(), "t-1", {"a": 2, "b": 2}, 29555)
-    sup = supervise.Supervision(plan, backend, observer, tmp_path / plan.job_id,
-                                LaunchOptions(grace=1.0, runs_dir=tmp_path))
+    options = LaunchOptions(grace=1.0, runs_dir=tmp_path)
+    sup = supervise.Supervision(plan, backend, observer, tmp_path / plan.job_id, options,
+                                standard_monitors(plan, options))
     if lanes is not None:
         sup.lanes = lanes
     result = sup.run()

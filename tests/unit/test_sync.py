@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from inventory import ConfigError, Host, Inventory, Job, load_job
-from inventory.sync import SyncSpec
+from inventory.specs import SyncSpec
 from node_agent.syncdest import manifest, unpack
 from orchestrator.errors import HostsFailed
 from orchestrator.launch import core

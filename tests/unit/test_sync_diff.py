@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from inventory.sync import SyncSpec
+from inventory.specs import SyncSpec
 from orchestrator.sync.diff import Changes, Conflict, Manifest, Owned, Record, Why, diff
 from orchestrator.sync.source import SourceTree, scan
 

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from inventory import Host
-from inventory.sync import SyncSpec
+from inventory.specs import SyncSpec
 from node_agent import syncdest
 from node_agent.protocol import RESULT_PREFIX
 from node_agent.syncdest import RECORD_DIR, manifest, unpack

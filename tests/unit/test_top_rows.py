@@ -15,7 +15,7 @@ from node_agent.factparse import parse_nvidia_gpu_stats
 from orchestrator.cli import app
 from orchestrator.commands import top as top_command
 from orchestrator.errors import HostError, HostErrorKind
-from orchestrator.hostops.top import HostState, TopRow, build_report, selected_gpus, sort_key
+from orchestrator.hostops.top import HostState, TopRow, TopSession, build_report, selected_gpus, sort_key
 from orchestrator.remote.wire import HostTop, parse_top
 
 WINDOW = {"steps": 20, "seconds": 2.0, "p50_ms": 95.0, "p95_ms": 120.0}
@@ -210,7 +210,7 @@ def test_ctrl_c_exits_130_without_a_word(state_root: Path, monkeypatch: pytest.M
         calls.append(self)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(top_command.TopSession, "sample", interrupted)
+    monkeypatch.setattr(TopSession, "sample", interrupted)
     result = CliRunner().invoke(app, ["top"])
     assert result.exit_code == 130 and calls
     assert result.stderr == "" and result.stdout == ""

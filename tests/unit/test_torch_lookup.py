@@ -15,11 +15,11 @@ import pytest
 from inventory import LOCALHOST, Host, Inventory, Job
 from node_agent import facts as agent_facts
 from node_agent import torch_facts
-from orchestrator.doctor.checks import run_checks
-from orchestrator.doctor.checks.node import python_findings
-from orchestrator.doctor.context import from_job
-from orchestrator.doctor.gather import facts_request
-from orchestrator.doctor.model import CheckStatus, Observations, ProbeResults
+from orchestrator.checks.context import from_job
+from orchestrator.checks.gather import facts_request
+from orchestrator.checks.model import CheckStatus, Observations, ProbeResults
+from orchestrator.checks.node import python_findings
+from orchestrator.checks.registry import run_checks
 from orchestrator.launch.preflight import CHECK_FACTS, LAUNCH_CHECKS, ChecksFailed, launch_facts
 from orchestrator.remote.agent import call_agent
 from orchestrator.remote.transport import LocalTransport

@@ -1,4 +1,4 @@
-"""The hang verdict from the ranks' flight records (orchestrator/watch/collectives.py): the
+"""The hang verdict from the ranks' flight records (orchestrator/hostops/collectives.py): the
 rank wrapper's trimmed entries parsed, then which collective the job is stuck in and which rank
 never entered it."""
 
@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from orchestrator.watch.collectives import Collective, CollectiveVerdict, RankRecords, parse_entries, verdict
+from orchestrator.hostops.collectives import Collective, CollectiveVerdict, RankRecords, parse_entries, verdict
 
 DEFAULT_PG = ["0", "default_pg"]
 HOSTS = {0: "node0", 1: "node0", 2: "node1", 3: "node1"}

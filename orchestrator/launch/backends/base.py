@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from inventory import Host, Job
-from orchestrator.doctor.model import ProbeResults
+from orchestrator.checks.model import ProbeResults
 from orchestrator.errors import HostError
 from orchestrator.hostops.stacks import StacksReport
 from orchestrator.launch.events import BackendEvent

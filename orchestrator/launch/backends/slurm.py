@@ -13,10 +13,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from inventory import Job
-from inventory.slurm import DEFAULT_BASE_PORT, SlurmSpec, node_hosts, nproc_for
-from orchestrator.doctor.model import CheckStatus, ProbeResults
-from orchestrator.doctor.slurm import controller_findings, reprobe_job
+from inventory.slurm_table import DEFAULT_BASE_PORT, node_hosts, nproc_for
+from inventory.specs import SlurmSpec
+from node_agent.layout import (
+    SLURM_DOWN_MARK,
+    SLURM_FOLLOW_PATTERN,
+    SLURM_NODE_FILE,
+    SLURM_REQUEUE_FILE,
+    slurm_state_dir,
+)
+from orchestrator.checks.model import CheckStatus, ProbeResults
+from orchestrator.checks.slurm_nodes import controller_findings, reprobe_job
 from orchestrator.errors import HostError
+from orchestrator.hostops.slurm_jobs import SLURM_STACKS_TIMEOUT_S
 from orchestrator.hostops.stacks import StacksReport, assemble
 from orchestrator.launch.backends.base import DetachReport, Emit, Notice, Resolved, supervise_request
 from orchestrator.launch.backends.slurm_events import (
@@ -24,11 +33,11 @@ from orchestrator.launch.backends.slurm_events import (
     SlurmEvent,
     SlurmSaid,
     down_nodes,
-    judge,
     queue_seconds,
+    slurm_event_of,
     slurm_said,
 )
-from orchestrator.launch.backends.slurm_script import DOWN_MARK, render_batch, sbatch_argv, state_dir
+from orchestrator.launch.backends.slurm_script import render_batch, sbatch_argv
 from orchestrator.launch.events import (
     Alive,
     Ended,
@@ -55,21 +64,17 @@ from orchestrator.remote.agent import (
     start_agent,
 )
 from orchestrator.remote.pool import HostPool
-from orchestrator.remote.slurm import QueuedJob, node_script, on_every_node, slurm_client
+from orchestrator.remote.slurm_client import QueuedJob, node_script, on_every_node, slurm_client
 from orchestrator.remote.transport import OutputLine
 from orchestrator.remote.wire import parse_rank_phase, parse_sample, parse_supervise
 from orchestrator.sync.core import Progress, SyncReport
 
 POLL_S = 1.0  # squeue, while the job runs
-STACKS_TIMEOUT_S = 120.0  # py-spy on every node of the job, together
 WIND_DOWN_S = 120.0  # after the last node ended, how long to wait for Slurm to end the job
-NODE_FILE = re.compile(r"^r(?P<run>\d+)-node(?P<node>\d+)\.out$")
-REQUEUE_FILE = re.compile(r"^requeue-(?P<run>\d+)$")
 RENDEZVOUS_LINE = re.compile(r"rendezvous (?P<endpoint>\S+:\d+)$")  # the batch script's own line
 RUN_LINE = re.compile(r"^ddpctl: run (?P<run>\d+) of Slurm job")  # the batch script's first line per run
 CLEAN_EXIT_FRESH_S = 1.0  # a clean node exit trusts Slurm's answer this old (N nodes end at once)
 SHOW_TRIES, SHOW_RETRY_S = 4, 0.5  # scontrol show job, while slurmctld does not answer
-FOLLOW_PATTERN = r"^(r\d+-node\d+|batch)\.out$"
 
 
 def exit_code_of(show: dict[str, str]) -> int:
@@ -156,7 +161,7 @@ class SlurmBackend:
 
     def files(self, plan: LaunchPlan, options: LaunchOptions, home: str) -> dict[str, tuple[bytes, int]]:
         """path -> (content, mode) of what the job needs on the cluster."""
-        state = state_dir(home, plan.job_id)
+        state = slurm_state_dir(home, plan.job_id)
         request = json.dumps(batch_request(plan, self.spec, options)).encode() + b"\n"
         return {
             f"{state}/node.in": (agent_payload() + request, 0o600),  # the job env: never on a command line
@@ -167,12 +172,12 @@ class SlurmBackend:
     def dry_run(self, plan: LaunchPlan) -> tuple[list[str], str, dict[str, str]]:
         """The sbatch command, the batch script and the (masked) env that goes to every node in
         its 0600 request."""
-        state = state_dir(self.client.home(), plan.job_id)
+        state = slurm_state_dir(self.client.home(), plan.job_id)
         return (sbatch_argv(state, plan.hosts[0].cwd), render_batch(plan, self.spec, state, plan.master_port),
                 mask_env(plan.hosts[0].env))
 
     def submit(self, plan: LaunchPlan, options: LaunchOptions) -> Submission:
-        state = state_dir(self.client.home(), plan.job_id)
+        state = slurm_state_dir(self.client.home(), plan.job_id)
         for path, (data, mode) in self.files(plan, options, self.client.home()).items():
             self.client.write(path, data, mode)
         slurm_id = self.client.submit(sbatch_argv(state, plan.hosts[0].cwd))
@@ -200,7 +205,7 @@ class SlurmBackend:
     def _run(self, sub: Submission, emit: Emit) -> None:
         try:
             self.follower = start_agent(self.client.transport, "follow",
-                                        {"dir": sub.state, "pattern": FOLLOW_PATTERN, "poll": 0.2})
+                                        {"dir": sub.state, "pattern": SLURM_FOLLOW_PATTERN, "poll": 0.2})
         except HostError as exc:
             self.client.cancel(sub.slurm_id)
             self.gone.set()
@@ -219,7 +224,7 @@ class SlurmBackend:
                 continue
             name = str(message.get("name", ""))
             if message.name == "file":
-                m = REQUEUE_FILE.match(name)
+                m = SLURM_REQUEUE_FILE.match(name)
                 if m:
                     self.requeued.add(int(m.group("run")))
                 continue
@@ -239,7 +244,7 @@ class SlurmBackend:
                 if said is not None and said.job and self.held:
                     self._release(sub, emit)  # Slurm has said why it ends the job
                 continue
-            m = NODE_FILE.match(name)
+            m = SLURM_NODE_FILE.match(name)
             if m and int(m.group("node")) < len(names):
                 self._node_line(sub, int(m.group("run")), int(m.group("node")), names, text, emit)
 
@@ -320,10 +325,10 @@ class SlurmBackend:
         show = self._show(sub)
         down = down_nodes(self.client.show_nodes(show.get("NodeList", ""))) \
             if show.get("JobState") in ("NODE_FAIL", "COMPLETING") else {}
-        event = judge(sub.slurm_id, show, run, self.said.get(run, []), down)
+        event = slurm_event_of(sub.slurm_id, show, run, self.said.get(run, []), down)
         if event is not None and event.kind is Kind.CANCELLED:  # by `ddpctl down`? it leaves its mark
-            by = self.client.read(f"{sub.state}/{DOWN_MARK}")
-            event = judge(sub.slurm_id, show, run, self.said.get(run, []), down, by.strip() if by else None)
+            by = self.client.read(f"{sub.state}/{SLURM_DOWN_MARK}")
+            event = slurm_event_of(sub.slurm_id, show, run, self.said.get(run, []), down, by.strip() if by else None)
         self.asked = (time.monotonic(), event)
         if event is not None and event.kind is not Kind.ENDING:
             self._record(sub, event, self.emit)
@@ -475,7 +480,7 @@ class SlurmBackend:
             return StacksReport(plan.job_id, host_errors={name: "the job was not submitted" for name in names})
         replies, errors = on_every_node(self.client, self.spec, sub.slurm_id, names, "stacks",
                                         {"job": plan.job_id, "python": self.spec.python}, f"{sub.state}/stacks",
-                                        STACKS_TIMEOUT_S)
+                                        SLURM_STACKS_TIMEOUT_S)
         return assemble(plan.job_id, replies, {name: err.message for name, err in errors.items()})
 
     def reprobe(self, plan: LaunchPlan) -> ProbeResults:

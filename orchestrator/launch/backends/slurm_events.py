@@ -108,7 +108,7 @@ def down_nodes(nodes: Mapping[str, Mapping[str, str]]) -> dict[str, str]:
     return out
 
 
-def judge(slurm_id: str, show: Mapping[str, str], run: int, said: Sequence[SlurmSaid],
+def slurm_event_of(slurm_id: str, show: Mapping[str, str], run: int, said: Sequence[SlurmSaid],
           down: Mapping[str, str] | None = None, cancelled_by: str | None = None) -> SlurmEvent | None:
     """What Slurm did to run `run` of the job, from `scontrol show job` (`show`), the Slurm lines
     seen in its output (`said`), the job's nodes that Slurm holds down (`down`) and who cancelled

@@ -12,18 +12,9 @@ from __future__ import annotations
 
 import shlex
 
-from inventory.slurm import SlurmSpec
+from inventory.specs import SlurmSpec
+from node_agent.layout import SLURM_JOB_COMMENT, SLURM_PORT_SPREAD, SLURM_PORT_TRIES
 from orchestrator.launch.plan import SLURM_RDZV_ENV, LaunchPlan
-
-JOB_COMMENT = "ddpctl"  # squeue's %k: how `ddpctl ps` knows ddpctl's jobs
-DOWN_MARK = "cancelled-by"  # in the job's directory: `ddpctl down` cancelled it (who, where, when)
-PORT_SPREAD = 1000  # the rendezvous port: base + job id % PORT_SPREAD, then the next free one
-PORT_TRIES = 200
-
-
-def state_dir(home: str, job_id: str) -> str:
-    """The job's directory on the cluster (home is shared with the nodes)."""
-    return f"{home.rstrip('/')}/.ddpctl/runs/{job_id}"
 
 
 def sbatch_argv(state: str, workdir: str) -> list[str]:
@@ -32,18 +23,9 @@ def sbatch_argv(state: str, workdir: str) -> list[str]:
             f"{state}/job.sbatch"]
 
 
-def resource_options(spec: SlurmSpec) -> list[str]:
-    """Where the job may run and what each node gets (the launch's and doctor's allocations):
-    never --gpus-per-task, which hides a node's GPUs from each other."""
-    named = (("partition", spec.partition), ("account", spec.account), ("qos", spec.qos),
-             ("gpus-per-node", spec.gpus_per_node), ("cpus-per-task", spec.cpus_per_task), ("mem", spec.mem),
-             ("constraint", spec.constraint))
-    return [f"--{name}={value}" for name, value in named if value is not None]
-
-
 def sbatch_options(plan: LaunchPlan, spec: SlurmSpec) -> list[str]:
-    opts = [f"--job-name={plan.job_id}", f"--comment={JOB_COMMENT}", f"--nodes={spec.nodes}",
-            "--ntasks-per-node=1", *resource_options(spec)]
+    opts = [f"--job-name={plan.job_id}", f"--comment={SLURM_JOB_COMMENT}", f"--nodes={spec.nodes}",
+            "--ntasks-per-node=1", *spec.resource_options()]
     opts += [f"--time={spec.time}"] if spec.time is not None else []
     opts += [f"--exclude={','.join(spec.exclude)}"] if spec.exclude else []  # a restart's faulty nodes
     if spec.requeue:
@@ -70,8 +52,8 @@ def render_batch(plan: LaunchPlan, spec: SlurmSpec, state: str, base_port: int) 
         "    exit 1",
         "fi",
         "# a port per job, so two jobs on one head node never share a rendezvous store",
-        f'port=$(( {base_port} + SLURM_JOB_ID % {PORT_SPREAD} ))',
-        f'for _ in $(seq {PORT_TRIES}); do',
+        f'port=$(( {base_port} + SLURM_JOB_ID % {SLURM_PORT_SPREAD} ))',
+        f'for _ in $(seq {SLURM_PORT_TRIES}); do',
         '    (exec 3<>"/dev/tcp/$head/$port") 2>/dev/null || break',
         "    port=$((port + 1))",
         "done",

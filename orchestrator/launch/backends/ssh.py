@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 
 from inventory import Job
 from inventory.gpus import check_job_env
-from orchestrator.doctor.context import from_job
-from orchestrator.doctor.gather import Session, close_all, open_sessions, run_probe
-from orchestrator.doctor.model import ProbeResults
+from orchestrator.checks.context import from_job
+from orchestrator.checks.gather import close_all, open_sessions, run_probe
+from orchestrator.checks.model import ProbeResults
 from orchestrator.errors import HostError, HostErrorKind
 from orchestrator.hostops.stacks import StacksReport, collect
 from orchestrator.launch.backends.base import DetachReport, Emit, Notice, Resolved, supervise_request
@@ -46,6 +46,7 @@ from orchestrator.launch.preflight import (
 )
 from orchestrator.remote.agent import AgentEvent, AgentResult, AgentStream, Batched, call_agent, start_agent
 from orchestrator.remote.pool import HostPool
+from orchestrator.remote.session import Session
 from orchestrator.remote.transport import OutputLine, Transport
 from orchestrator.remote.wire import parse_detached, parse_rank_phase, parse_sample, parse_supervise
 from orchestrator.sync.core import Progress, SyncReport, sync_job

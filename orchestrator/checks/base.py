@@ -1,0 +1,59 @@
+"""Helpers shared by the checks: finding constructors, majority vote, fact access."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Hashable, Iterable, Mapping
+from typing import Any, TypeVar
+
+from orchestrator.checks.model import CheckStatus, Finding, Observations
+from orchestrator.remote.wire import HostFacts
+
+K = TypeVar("K", bound=Hashable)
+
+Check = Callable[[Observations], list[Finding]]
+
+
+def ok(check: str, host: str | None, message: str, evidence: str = "") -> Finding:
+    return Finding(check, CheckStatus.OK, host, message, evidence)
+
+
+def info(check: str, host: str | None, message: str, evidence: str = "", fix: str = "") -> Finding:
+    return Finding(check, CheckStatus.INFO, host, message, evidence, fix)
+
+
+def warn(check: str, host: str | None, message: str, evidence: str = "", fix: str = "") -> Finding:
+    return Finding(check, CheckStatus.WARN, host, message, evidence, fix)
+
+
+def fail(check: str, host: str | None, message: str, evidence: str = "", fix: str = "") -> Finding:
+    return Finding(check, CheckStatus.FAIL, host, message, evidence, fix)
+
+
+def skip(check: str, host: str | None, message: str) -> Finding:
+    return Finding(check, CheckStatus.SKIP, host, message)
+
+
+def majority(values: Mapping[str, K]) -> tuple[K | None, list[str]]:
+    """The most common value and the hosts that differ from it (ties: first host's value)."""
+    if not values:
+        return None, []
+    counts = Counter(values.values())
+    first = next(iter(values.values()))
+    top = max(counts.items(), key=lambda kv: (kv[1], kv[0] == first))[0]
+    return top, [h for h, v in values.items() if v != top]
+
+
+def torch_of(hf: HostFacts) -> dict[str, Any]:
+    t = hf.get("torch")
+    return t if isinstance(t, dict) else {}
+
+
+def fact_error(hf: HostFacts, name: str) -> str | None:
+    return hf.errors.get(name)
+
+
+def listing(items: Iterable[str], limit: int = 8) -> str:
+    items = list(items)
+    more = f" (+{len(items) - limit} more)" if len(items) > limit else ""
+    return ", ".join(items[:limit]) + more

@@ -1,0 +1,61 @@
+"""Short collective jobs (smoke test, bandwidth) through the launch core, shipped inline: the
+hosts need torch but not this repository."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from inventory import Job, Rendezvous
+from orchestrator.launch import core
+from orchestrator.launch.backends.base import Backend
+from orchestrator.launch.inline import InlineProgram, train_jobs_sources
+from orchestrator.launch.observer import Collected
+from orchestrator.launch.options import LaunchOptions
+from orchestrator.launch.plan import LaunchPlan
+from orchestrator.launch.result import RunResult
+from orchestrator.watch.monitors import standard_monitors
+
+SMOKE_LINE = re.compile(r"DDPCTL-SMOKE rank=(\d+) world=(\d+) ok=(\w+)")
+
+
+@dataclass
+class CollectiveRun:
+    result: RunResult
+    output: Collected
+    plan: LaunchPlan
+
+
+def run_collective(job: Job, backend: Backend, name: str, program: InlineProgram, runs_dir: Path,
+                   deadline: float, nproc: int = 1) -> CollectiveRun:
+    """`program` with `nproc` ranks per host on the job's hosts (static rendezvous), stopped past
+    `deadline` seconds without output."""
+    job = replace(job, name=name, nproc_per_node=nproc,
+                  rendezvous=Rendezvous(job.rendezvous.master_addr, job.rendezvous.master_port, "static"))
+    out = Collected()
+    options = LaunchOptions(grace=3.0, hang_timeout=deadline, on_hang="stop", dump_stacks_on_hang=False,
+                            runs_dir=runs_dir, checks=False)  # doctor has just run every check
+    result = core.launch(job, backend, out, options, inline=program, monitors=standard_monitors)  # the hang timeout
+    assert out.plan is not None
+    return CollectiveRun(result, out, out.plan)
+
+
+def smoke(job: Job, backend: Backend, runs_dir: Path, deadline: float = 60.0) -> CollectiveRun:
+    program = InlineProgram(train_jobs_sources("smoke.py"), "train_jobs.smoke")
+    return run_collective(job, backend, "ddpctl-smoke", program, runs_dir, deadline)
+
+
+def bandwidth(job: Job, backend: Backend, runs_dir: Path, max_bytes: str = "64M",
+              deadline: float = 300.0) -> tuple[CollectiveRun, dict[str, Any] | None]:
+    """The allreduce_bench job across the hosts; returns its BANDWIDTH json (rank 0's)."""
+    sources = train_jobs_sources("common.py", "allreduce_bench/__init__.py", "allreduce_bench/bench.py")
+    program = InlineProgram(sources, "train_jobs.allreduce_bench.bench",
+                            ("--json", "--max-bytes", max_bytes, "--iters", "5", "--warmup", "2"))
+    run = run_collective(job, backend, "ddpctl-bandwidth", program, runs_dir, deadline)
+    for _host, _rank, text in run.output.lines:
+        if text.startswith("BANDWIDTH "):
+            return run, json.loads(text[len("BANDWIDTH "):])
+    return run, None

@@ -1,0 +1,455 @@
+"""Restarts: one outer supervisor, one budget for the whole job ([restart] max_restarts, or
+--max-restarts), around the launch core; torchrun itself keeps --max-restarts 0.
+
+Every failed attempt is classified before the budget is spent (`classify`):
+- host fault: a host was lost (orchestrator/launch/faults.py), a rank was killed (SIGKILL: the OOM
+  killer, an admin), its output shows a hardware error (CUDA Xid or ECC, "GPU has fallen off the
+  bus", NCCL's "unhandled system error"), or it exited with one of [restart]
+  host_fault_exit_codes. Retried without that host: the next spare takes its place (inventory
+  `spare = true`, in inventory order), or the job shrinks to [restart] min_nodes, or it stops.
+- a consequence (a peer's closed connection, a collective timed out) is never a reason of its own:
+  the launch core's root cause already charges it to the failure it follows from.
+- deterministic: a rank's error before any progress on the first attempt (an ImportError, a
+  missing file, bad arguments), or the same error (type, message, where it was raised) as the
+  attempt before, with no progress in between. Not retried: EXIT_DETERMINISTIC.
+- stopped: Ctrl-C or a signal to `up`, the scheduler's own end (a cancel, a time limit), or
+  `ddpctl down` from anywhere (its nodes say so): someone else's action is not ours to undo.
+- any other error is retried on the same hosts (a flaky read, a full disk freed since), until it
+  repeats with no progress in between.
+Progress is counted without code changes: the rank wrapper counts optimizer steps, and a file in
+[restart] checkpoint_dir newer than the attempt's start counts too.
+
+Each attempt runs the whole launch again: [sync], doctor's pre-launch checks on its hosts (a host
+that fails them is left out like a faulty one, without spending the budget), a fresh rendezvous
+(its own job id; the master port settled again, "auto" a fresh one; the master the master_addr
+host while it is still in, else the first host still in), and its own directory
+`runs/<run id>/attempt-<n>/`; runs/<run id>/summary.json lists them all.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import re
+import signal
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+from inventory import ConfigError, Host, Job, Rendezvous
+from orchestrator.errors import HostError, HostsFailed, LaunchBlocked
+from orchestrator.launch import core
+from orchestrator.launch.backends.base import Backend
+from orchestrator.launch.monitor import MonitorFactory, no_monitors
+from orchestrator.launch.observer import Observer
+from orchestrator.launch.options import LaunchOptions
+from orchestrator.launch.plan import ATTEMPT_ENV, PREV_FAILURE_ENV, RUN_ID_ENV, new_job_id
+from orchestrator.launch.preflight import ChecksFailed
+from orchestrator.launch.result import RunResult, clock
+from orchestrator.launch.signals import StopSignal, stop_signals_raise
+from orchestrator.remote.wire import STOPPED_BY_DOWN
+
+EXIT_DETERMINISTIC = 70  # not restarted: it would fail the same way again (BSD's EX_SOFTWARE)
+BACKOFF_TICK = 0.2  # a backoff wakes this often to honour Ctrl-C at once
+
+# In a host's output: the hardware (or its driver) failed, not the program.
+HARDWARE = re.compile(r"\bXid\b|\bECC error|uncorrectable ECC|fallen off the bus", re.IGNORECASE)
+# NCCL's word for a failed system call on that host: a host fault unless a rank's own error elsewhere
+# came first (NCCL also says it on the survivors of a peer's death).
+NCCL_SYSTEM = re.compile(r"unhandled system error", re.IGNORECASE)
+# torchrun's report of a worker ended by a signal ("exitcode  : -9", "Signal 9 (SIGKILL) received").
+KILLED = re.compile(r"exitcode\s*:\s*-9\b|Signal 9 \(SIGKILL\)")
+KILLED_CODES = (-9, 128 + 9, 256 - 9)  # a host's torchrun itself SIGKILLed: as Python, a shell, an exit status
+EXITCODE = re.compile(r"exitcode\s*:\s*(\d+)\b")
+FRAME = re.compile(r'File "([^"]+)", line (\d+)')
+
+
+class Failure(str, enum.Enum):
+    HOST_FAULT = "host fault"  # retried without the host
+    ERROR = "error"  # retried on the same hosts
+    DETERMINISTIC = "deterministic"  # not retried
+    STOPPED = "stopped"  # stopped by the user, a signal or the scheduler: not retried
+
+
+@dataclass(frozen=True)
+class Verdict:
+    kind: Failure
+    reason: str  # one line, for the notice, DDPCTL_PREV_FAILURE and the summary
+    hosts: tuple[str, ...] = ()  # the faulty hosts (HOST_FAULT)
+    why: tuple[str, ...] = ()  # each faulty host's own reason, as `hosts`
+    signature: tuple[str, ...] | None = None  # a rank's error: type, message, where it was raised
+    step: int | None = None  # the failed rank's optimizer steps, where known
+
+    @property
+    def faults(self) -> dict[str, str]:
+        """Each faulty host and its own reason."""
+        return dict(zip(self.hosts, self.why or (self.reason,) * len(self.hosts), strict=True))
+
+
+@dataclass(frozen=True)
+class Exclusion:
+    host: str
+    reason: str
+    from_attempt: int  # the first attempt it is left out of
+
+
+@dataclass
+class AttemptRecord:
+    number: int
+    job_id: str
+    hosts: list[str]
+    run_dir: Path
+    started_at: float
+    ended_at: float | None = None
+    exit_code: int | None = None
+    verdict: Verdict | None = None  # None: it succeeded
+    steps: int | None = None
+    checkpointed: bool = False
+    master: str | None = None
+    root_cause: str | None = None  # the first rank error in time: "rank 1 on node1: ValueError: ..."
+    findings: list[dict[str, object]] = field(default_factory=list)  # the attempt's (orchestrator/watch/)
+
+    def to_json(self) -> dict[str, object]:
+        v = self.verdict
+        return {"attempt": self.number, "job_id": self.job_id, "hosts": self.hosts, "master": self.master,
+                "run_dir": str(self.run_dir), "started_at": self.started_at, "ended_at": self.ended_at,
+                "exit_code": self.exit_code, "steps": self.steps, "checkpointed": self.checkpointed,
+                "root_cause": self.root_cause, "findings": self.findings,
+                "failure": None if v is None else {"class": v.kind.value, "reason": v.reason,
+                                                   "hosts": list(v.hosts), "step": v.step}}
+
+
+@dataclass
+class RestartedRun:
+    """A job run with restarts: every attempt, the hosts left out, and why it ended."""
+
+    run_id: str
+    run_dir: Path
+    max_restarts: int
+    attempts: list[AttemptRecord] = field(default_factory=list)
+    excluded: list[Exclusion] = field(default_factory=list)
+    result: RunResult | None = None  # the last attempt's
+    exit_code: int = 1
+    reason: str | None = None  # why it stopped restarting (None: it succeeded)
+    signal: int | None = None
+
+    @property
+    def restarts(self) -> int:
+        return max(len(self.attempts) - 1, 0)
+
+    def write_summary(self) -> Path:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        path = self.run_dir / "summary.json"
+        data = {"run_id": self.run_id, "exit_code": self.exit_code, "max_restarts": self.max_restarts,
+                "restarts": self.restarts, "stopped_because": self.reason, "signal": self.signal,
+                "excluded": [asdict(e) for e in self.excluded],
+                "attempts": [a.to_json() for a in self.attempts]}
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data, indent=2, default=str))
+        tmp.replace(path)
+        return path
+
+
+class NoHosts(Exception):
+    """Too few hosts are left to go on (no spare, no min_nodes low enough)."""
+
+
+def classify(result: RunResult, job: Job, number: int, previous: Sequence[AttemptRecord]) -> Verdict:
+    """What a failed attempt's result says about the next one (module docstring)."""
+    if result.signal is not None or result.interrupted:
+        return Verdict(Failure.STOPPED, "stopped by the user" if result.signal in (None, signal.SIGINT) else
+                       f"stopped by {signal.Signals(result.signal).name}")
+    downed = next((r for r in result.hosts if (r.stop_reason or "").startswith(STOPPED_BY_DOWN)), None)
+    if downed is not None:  # someone else's action is not ours to undo
+        return Verdict(Failure.STOPPED, f"{downed.host}: {downed.stop_reason}")
+    if result.loss is not None:  # on Slurm too: a node it marked failed
+        return Verdict(Failure.HOST_FAULT, f"{result.loss.host} lost at {result.loss.when()}: {result.loss.reason}",
+                       (result.loss.host,))
+    if result.ended_by is not None:  # a cancel, a time limit: the scheduler's decision, not a fault
+        return Verdict(Failure.STOPPED, result.ended_by)
+    faulty = _faulty_hosts(result, job)
+    if faulty:
+        host, why = faulty[0]
+        return Verdict(Failure.HOST_FAULT, f"{host}: {why}", tuple(h for h, _ in faulty), tuple(w for _, w in faulty))
+    root = result.root_cause
+    if root is None or root.consequence:
+        what = result.cause.splitlines()[0] if result.cause else "the job hung" if result.hung else \
+            _host_failure(result)
+        return _repeated(Verdict(Failure.ERROR, what, signature=("job", what)), result, number, previous)
+    error = root.error
+    signature = (error.kind, error.message, _raised_at(error.traceback))
+    verdict = Verdict(Failure.ERROR, _root_cause(result) or error.summary, signature=signature, step=error.step)
+    return _repeated(verdict, result, number, previous)
+
+
+def _host_failure(result: RunResult) -> str:
+    run = result.first_failure
+    if run is None:
+        return "the job failed"
+    return f"{run.host} failed (exit code {run.exit_code})" + (f": {run.error}" if run.error else "")
+
+
+def _faulty_hosts(result: RunResult, job: Job) -> list[tuple[str, str]]:
+    """Hosts whose own output or exit code says the host, not the program, failed."""
+    found: list[tuple[str, str]] = []
+    root = result.root_cause
+    codes = set(job.restart.host_fault_exit_codes)
+    for run in sorted(result.hosts, key=lambda r: (r is not result.first_failure, r.node_rank)):
+        text = "\n".join(run.tail)
+        if root is not None and root.host == run.host:
+            text += f"\n{root.error.message}\n{root.error.traceback}"
+        own_error_elsewhere = root is not None and root.host != run.host and not root.consequence
+        hardware = HARDWARE.search(text) or (None if own_error_elsewhere else NCCL_SYSTEM.search(text))
+        own = root.error.exit_code if root is not None and root.host == run.host else None
+        exits = {int(m) for m in EXITCODE.findall(text)} | ({own} if own is not None else set())
+        listed = sorted(exits & codes)
+        if hardware:
+            found.append((run.host, f"hardware error in its output: {_line_of(text, hardware)}"))
+        elif KILLED.search(text) or run.exit_code in KILLED_CODES or \
+                (root is not None and root.host == run.host and root.error.kind == "SIGKILL"):
+            found.append((run.host, "a rank was killed (SIGKILL: out of memory, or killed on the host)"))
+        elif listed:
+            found.append((run.host, f"a rank exited with code {listed[0]}, listed in [restart] host_fault_exit_codes"))
+    return found
+
+
+def _line_of(text: str, match: re.Match[str]) -> str:
+    start = text.rfind("\n", 0, match.start()) + 1
+    end = text.find("\n", match.end())
+    return text[start:end if end >= 0 else None].strip()[:200]
+
+
+def _raised_at(traceback: str) -> str:
+    """Where the error was raised: the innermost frame of its traceback ('' when none)."""
+    frames = FRAME.findall(traceback)
+    return f"{frames[-1][0]}:{frames[-1][1]}" if frames else ""
+
+
+def _repeated(verdict: Verdict, result: RunResult, number: int, previous: Sequence[AttemptRecord]) -> Verdict:
+    """An error is deterministic before any progress on the first attempt, or when the attempt
+    before failed exactly so and no progress was made in between."""
+    progressed = bool(result.steps) or result.checkpointed
+    at = f" after {verdict.step} optimizer step(s) of its own" if verdict.step is not None else ""
+    own = verdict.signature is not None and verdict.signature[0] != "job"  # a rank's own error
+    if number == 0 and not progressed and own:
+        return replace(verdict, kind=Failure.DETERMINISTIC,
+                       reason=f"the first attempt failed before any progress (no optimizer step, no new checkpoint): "
+                              f"{verdict.reason}")
+    last = previous[-1] if previous else None
+    if last is None or last.verdict is None or last.verdict.signature != verdict.signature:
+        return verdict
+    mine = verdict.step if verdict.step is not None else result.steps
+    theirs = last.verdict.step if last.verdict.step is not None else last.steps
+    further = (mine or 0) > (theirs or 0) or result.checkpointed
+    if further:
+        return verdict
+    return replace(verdict, kind=Failure.DETERMINISTIC,
+                   reason=f"attempt {number} failed exactly as attempt {last.number}{at}, with no new checkpoint: "
+                          f"{verdict.reason}")
+
+
+def restart_env(run_id: str, number: int, previous: str | None) -> dict[str, str]:
+    env = {ATTEMPT_ENV: str(number), RUN_ID_ENV: run_id}
+    if previous:
+        env[PREV_FAILURE_ENV] = " ".join(previous.split())[:1000]
+    return env
+
+
+def _without(job: Job, hosts: Sequence[Host]) -> Rendezvous:
+    """The rendezvous of an attempt on `hosts`: a master_addr naming a host left out goes (the
+    master is then the first host still in)."""
+    addr = job.rendezvous.master_addr
+    if addr is None:
+        return job.rendezvous
+    named = job.inventory.get(addr)
+    if named is not None and named not in hosts:
+        return replace(job.rendezvous, master_addr=None)
+    return job.rendezvous
+
+
+class Restarts:
+    """Runs `job` until it succeeds, is stopped, fails deterministically or spends its budget."""
+
+    def __init__(self, job: Job, make_backend: Callable[[Job], Backend], observer: Observer,
+                 options: LaunchOptions, max_restarts: int, run_id: str | None = None,
+                 monitors: MonitorFactory = no_monitors) -> None:
+        self.job = job
+        self.monitors = monitors
+        self.make_backend = make_backend
+        self.cb = observer
+        self.options = options
+        self.run_id = run_id or new_job_id(job.name)
+        self.run = RestartedRun(self.run_id, options.runs_dir / self.run_id, max_restarts)
+        self.hosts = list(job.hosts)
+        self.spares = list(job.spares)
+        self.size = len(job.hosts)
+        self.nodes_out: list[str] = []  # Slurm nodes left out (sbatch --exclude)
+
+    def exclude(self, bad: dict[str, str], number: int) -> None:
+        """Leave `bad` (host -> why) out; spares take their places in inventory order, else the
+        job shrinks as far as min_nodes allows; NoHosts when it cannot go on."""
+        for name, why in bad.items():
+            why = why.removeprefix(f"{name}: ")
+            self.run.excluded.append(Exclusion(name, why, number))
+            self.cb.on_notice(f"leaving {name} out of attempt {number} on: {why}")
+        self.spares = [h for h in self.spares if h.name not in bad]
+        self.hosts = [h for h in self.hosts if h.name not in bad]
+        while len(self.hosts) < self.size and self.spares:
+            spare = self.spares.pop(0)
+            self.hosts.append(spare)
+            self.cb.on_notice(f"spare {spare.name} takes a place in the next attempt")
+        if len(self.hosts) < self.size:
+            floor = self.job.restart.min_nodes
+            if floor is None or len(self.hosts) < floor or not self.hosts:
+                need = f"[restart] min_nodes = {floor}" if floor is not None else f"all {self.size}"
+                raise NoHosts(f"{len(self.hosts)} host(s) left and no spare ({need} needed; add a host with "
+                              "spare = true to the inventory, or set [restart] min_nodes)")
+            self.cb.on_notice(f"no spare left: the job shrinks to {len(self.hosts)} host(s) of {self.size} "
+                              f"([restart] min_nodes = {floor})")
+
+    def exclude_nodes(self, bad: dict[str, str], result: RunResult, number: int) -> None:
+        """On Slurm: the faulty nodes (by Slurm's names, as each node's supervisor reported its
+        hostname) are excluded from every later allocation; Slurm picks the others."""
+        names = {run.host: run.hostname or run.host for run in result.hosts}
+        for host, why in bad.items():
+            node = names.get(host, host)
+            self.run.excluded.append(Exclusion(node, why.removeprefix(f"{host}: "), number))
+            self.cb.on_notice(f"excluding Slurm node {node} ({host}) from attempt {number} on: "
+                              f"{why.removeprefix(f'{host}: ')}")
+            if node not in self.nodes_out:
+                self.nodes_out.append(node)
+
+    def attempt_job(self, number: int, previous: str | None) -> Job:
+        env = {**self.job.env, **restart_env(self.run_id, number, previous)}
+        if self.job.slurm is not None:
+            return replace(self.job, env=env, slurm=replace(self.job.slurm, exclude=tuple(self.nodes_out)))
+        hosts = tuple(self.hosts)
+        return replace(self.job, hosts=hosts, env=env, rendezvous=_without(self.job, hosts))
+
+    def backoff(self, restarts: int) -> None:
+        """Wait before the next attempt (doubling, capped); Ctrl-C or a stop signal ends the run."""
+        spec = self.job.restart
+        wait = min(spec.backoff * (2 ** restarts), spec.max_backoff)
+        if wait <= 0:
+            return
+        self.cb.on_notice(f"restarting in {wait:.0f}s (restart {restarts + 1} of at most "
+                          f"{self.run.max_restarts}; Ctrl-C stops here)")
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            time.sleep(min(BACKOFF_TICK, max(deadline - time.monotonic(), 0)))
+
+    def stop(self, reason: str | None, code: int) -> RestartedRun:
+        """The run is over (`reason`: why it stopped restarting; None: it succeeded)."""
+        self.run.reason, self.run.exit_code = reason, code
+        self.run.write_summary()
+        return self.run
+
+    def start(self, number: int, job: Job, attempt: core.Attempt) -> RunResult | str | None:
+        """Launch one attempt: its result; None when the pre-launch steps left hosts out (the same
+        attempt goes again, on the next hosts: the budget is for failures of a run); or why it
+        cannot start at all. The first attempt's launch errors are the user's, raised as they are."""
+        try:
+            return core.launch(job, self.make_backend(job), self.cb, self.options, attempt=attempt,
+                               monitors=self.monitors)
+        except (ChecksFailed, HostsFailed, HostError, LaunchBlocked, ConfigError) as exc:
+            if number == 0:
+                raise
+            bad = _hosts_failed(exc)
+            if not bad or set(bad) - {h.name for h in job.hosts}:
+                return f"attempt {number} could not start: {exc}"
+            ran = set(self.run.attempts[-1].hosts)
+            newcomers = {name: why for name, why in bad.items() if name not in ran}
+            try:  # a pair blocked between a host that ran and a spare: the spare is left out
+                self.exclude(newcomers or bad, number)
+            except NoHosts as no:
+                return f"the pre-launch checks left too few hosts: {no}"
+            return None
+
+    def __call__(self) -> RestartedRun:
+        number, restarts, previous = 0, 0, None
+        while True:
+            started = time.time()
+            attempt = core.Attempt(self.run_id, f"{self.run_id}.{number}", self.run.run_dir / f"attempt-{number}")
+            job = self.attempt_job(number, previous)
+            if number > 0:
+                self.cb.on_notice(f"attempt {number} on {', '.join(h.name for h in job.hosts)} "
+                                  f"(run {self.run_id})")
+            result = self.start(number, job, attempt)
+            if result is None:
+                continue
+            if isinstance(result, str):
+                return self.stop(f"not restarting: {result}", 1)
+            record = AttemptRecord(number, attempt.job_id, [h.name for h in job.hosts], attempt.run_dir, started,
+                                   time.time(), result.exit_code, steps=result.steps,
+                                   checkpointed=result.checkpointed, master=job.master_host.name,
+                                   root_cause=_root_cause(result), findings=list(result.findings))
+            self.run.attempts.append(record)
+            self.run.result = result
+            if result.ok:
+                return self.stop(None, 0)
+            verdict = classify(result, self.job, number, self.run.attempts[:-1])
+            record.verdict = verdict
+            self.run.signal = result.signal
+            if verdict.kind is Failure.STOPPED:
+                return self.stop(f"not restarting: {verdict.reason}", result.exit_code)
+            if verdict.kind is Failure.DETERMINISTIC:
+                return self.stop(f"not restarting: {verdict.reason}", EXIT_DETERMINISTIC)
+            if restarts >= self.run.max_restarts:
+                return self.stop(f"restart budget spent: {restarts} of {self.run.max_restarts} restart(s) used; "
+                                 f"attempt {number} failed: {verdict.reason}", result.exit_code or 1)
+            self.cb.on_notice(f"attempt {number} failed ({verdict.kind.value}): {verdict.reason}")
+            if verdict.kind is Failure.HOST_FAULT and self.job.slurm is not None:
+                self.exclude_nodes(verdict.faults, result, number + 1)
+            elif verdict.kind is Failure.HOST_FAULT:
+                try:
+                    self.exclude(verdict.faults, number + 1)
+                except NoHosts as no:
+                    return self.stop(f"not restarting: {no}", result.exit_code or 1)
+            restarts += 1
+            try:
+                with stop_signals_raise():
+                    self.backoff(restarts - 1)
+            except KeyboardInterrupt as exc:
+                signum = exc.signum if isinstance(exc, StopSignal) else int(signal.SIGINT)
+                self.run.signal = signum
+                self.cb.on_notice(f"stopped during the backoff, before attempt {number + 1}: nothing was running")
+                return self.stop(f"stopped during the backoff before attempt {number + 1}", 128 + signum)
+            previous = f"attempt {number} at {clock(record.ended_at or time.time())}: {verdict.reason}"
+            number += 1
+
+def _root_cause(result: RunResult) -> str | None:
+    root = result.root_cause
+    if root is None:
+        return None
+    rank = result.rank_of(root)
+    return f"rank {rank if rank is not None else '?'} on {root.host}: {root.error.summary}"
+
+
+def _hosts_failed(exc: Exception) -> dict[str, str]:
+    """host -> why, for each host a pre-launch step failed on (empty: not one host's fault)."""
+    if isinstance(exc, ChecksFailed):
+        from orchestrator.checks.model import CheckStatus
+
+        bad: dict[str, str] = {}
+        for finding in exc.findings:
+            if finding.status is CheckStatus.FAIL:
+                if finding.host is None:
+                    return {}
+                bad.setdefault(finding.host, f"failed the pre-launch check [{finding.check}]: {finding.message}")
+        return bad
+    if isinstance(exc, HostsFailed):
+        return {e.host: f"{exc.step} failed: {e.message}" for e in exc.errors}
+    if isinstance(exc, HostError):
+        return {exc.host: exc.message}
+    return {}
+
+
+def launch(job: Job, make_backend: Callable[[Job], Backend], observer: Observer,
+           options: LaunchOptions | None = None, max_restarts: int | None = None,
+           run_id: str | None = None, monitors: MonitorFactory = no_monitors) -> RestartedRun:
+    """Run `job` with restarts: `max_restarts` (the flag) over [restart] max_restarts; `run_id`
+    names the run (a detached job's loop is told it), else a new one."""
+    options = options or LaunchOptions()
+    budget = job.restart.max_restarts if max_restarts is None else max_restarts
+    return Restarts(job, make_backend, observer, options, budget, run_id, monitors)()

@@ -1,0 +1,132 @@
+"""`run_up`: what `ddpctl up` and `orchestrator.up()` do with a job, in one place: a dry run, a
+detached start (with its restart loop, where restarts are asked for), restarts, or one launch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from inventory import ConfigError, Job
+from orchestrator.launch import core
+from orchestrator.launch.backends.base import Backend
+from orchestrator.launch.backends.choose import backend_for
+from orchestrator.launch.backends.slurm import SlurmBackend
+from orchestrator.launch.observer import Observer
+from orchestrator.launch.options import LaunchOptions
+from orchestrator.launch.plan import LaunchPlan
+from orchestrator.launch.result import RunResult
+from orchestrator.remote.pool import HostPool, make_pool
+from orchestrator.remote.ssh_options import Connection
+from orchestrator.restarts import detached as detached_restarts
+from orchestrator.restarts import loop as restarts
+from orchestrator.watch.monitors import standard_monitors
+
+
+@dataclass(frozen=True)
+class UpRequest:
+    """Everything `up` was asked besides the job: how to launch, how to reach the hosts, and what
+    to do (a dry run, a detached start, how many restarts)."""
+
+    options: LaunchOptions = field(default_factory=LaunchOptions)
+    connection: Connection = field(default_factory=Connection)
+    dry_run: bool = False
+    detach: bool = False
+    max_restarts: int | None = None  # None: the job file's [restart] max_restarts
+    run_id: str | None = None  # the run's id (a detached run's restart loop is given it)
+    argv: tuple[str, ...] = ()  # `ddpctl up` as typed: what a detached run's restart loop runs again
+
+    def restart_budget(self, job: Job) -> int:
+        return job.restart.max_restarts if self.max_restarts is None else self.max_restarts
+
+    @property
+    def attached(self) -> bool:
+        """`up` stays with the job to its end (it runs: neither a dry run nor detached)."""
+        return not self.dry_run and not self.detach
+
+
+@dataclass(frozen=True)
+class BatchScript:
+    """A Slurm dry run: the sbatch command, the batch script, and the (masked) env every node's
+    supervisor reads from its 0600 request file."""
+
+    where: str
+    argv: list[str]
+    script: str
+    env: dict[str, str]
+
+
+@dataclass(frozen=True)
+class DryRun:
+    """What would run on each host; nothing was started."""
+
+    plan: LaunchPlan
+    batch: BatchScript | None  # None: the SSH backend's per-host commands are the whole story
+    checks: bool  # a launch would run the pre-launch checks (which a dry run does not)
+
+
+@dataclass(frozen=True)
+class Finished:
+    """One launch, run to its end."""
+
+    result: RunResult
+
+
+@dataclass(frozen=True)
+class Restarted:
+    """A run with restarts, to its end: each attempt, the hosts left out, why it stopped."""
+
+    run: restarts.RestartedRun
+
+
+Detached = core.Detached  # started to run on without us
+LoopStarted = detached_restarts.LoopStarted  # a detached run's restart loop, started on its first host
+UpOutcome = DryRun | Detached | LoopStarted | Finished | Restarted
+
+
+def check_restartable(job: Job, request: UpRequest) -> None:
+    """A detached job's restarts run from its first host, over SSH: on Slurm they are refused
+    before anything starts."""
+    if request.restart_budget(job) > 0 and request.detach and job.slurm is not None:
+        raise ConfigError("--detach with restarts on Slurm: the restarting loop would need a host of its own",
+                          key="--detach", hint="run `up` attached (on the login node, in tmux or screen), or use "
+                          "[slurm] requeue = true, which Slurm carries out itself")
+
+
+def run_up(job: Job, request: UpRequest, observer: Observer) -> UpOutcome:
+    """Do what `request` asks with `job`, reporting progress to `observer`; bad input raises
+    ConfigError, a blocked launch LaunchBlocked (ChecksFailed: the pre-launch findings)."""
+    check_restartable(job, request)
+    with make_pool(request.connection) as pool:
+        runner = backend_for(pool, job)
+        if request.dry_run:
+            return dry_run(job, runner, request.options)
+        if not isinstance(runner, SlurmBackend):
+            pool.connect_ahead(job.hosts)  # the handshakes run while the launch is planned
+        if request.detach:
+            return detach(job, pool, runner, request, observer)
+        return launch(job, pool, runner, request, observer)
+
+
+def dry_run(job: Job, runner: Backend, options: LaunchOptions) -> DryRun:
+    plan = core.plan_job(job, runner, options)
+    if isinstance(runner, SlurmBackend):
+        argv, script, env = runner.dry_run(plan)
+        return DryRun(plan, BatchScript(runner.client.where, argv, script, env), options.checks)
+    return DryRun(plan, None, options.checks)
+
+
+def detach(job: Job, pool: HostPool, runner: Backend, request: UpRequest,
+           observer: Observer) -> Detached | LoopStarted:
+    if request.restart_budget(job) > 0:
+        return detached_restarts.start_loop(job, pool, request.argv, Path.cwd())
+    return core.detach(job, runner, observer, request.options)
+
+
+def launch(job: Job, pool: HostPool, runner: Backend, request: UpRequest,
+           observer: Observer) -> Finished | Restarted:
+    budget = request.restart_budget(job)
+    if budget > 0:
+        return Restarted(restarts.launch(job, lambda attempt: backend_for(pool, attempt), observer,
+                                         request.options, budget, request.run_id, monitors=standard_monitors))
+    return Finished(core.launch(job, runner, observer, request.options, monitors=standard_monitors))
+
