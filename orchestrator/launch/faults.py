@@ -1,25 +1,6 @@
 """The fault model of a running job: what counts as a lost host, after how long, on which side.
-
-Every limit is here, and docs/running.md's table ("The fault model") is generated from `fault_table`
-(tests/unit/test_faults.py checks that it is). A host's link to the control plane is in one of
-four states, each entered at a time the supervision records:
-
-- CONNECTED: lines, heartbeats or events arrive (a reader held up by our own backlog counts as
-  contact: the host is not silent, we are slow).
-- SILENT: nothing for `silent_after` seconds, or the node says it has not heard us for that long.
-  The job runs on; the backend tries a fresh connection every `retry_every` seconds and, when one
-  gets through, re-attaches to the host's supervisor, whose output resumes at the last batch we
-  committed (nothing lost, nothing twice).
-- REATTACHED: a fresh connection took over; from then on it counts as CONNECTED.
-- LOST: silent for `lost_after` seconds; or at once when the connection closes without an exit
-  status (the host or its sshd died: a partition does not close a connection), or when ranks on
-  other hosts fail with errors that point at a silent host. The job stops on every host.
-
-On the node, the supervisor ends its own job when it has not heard the control plane for
-`node_after` = `lost_after` x NODE_FACTOR seconds, whatever its ranks print: later than the
-control plane gives up, so a re-attach that gets through just in time finds the job still
-running, and a cut-off host never runs on for long after `up` has given up on it.
-"""
+Every limit is here; docs/running.md's table ("The fault model") is generated from `fault_table`
+(tests/unit/test_faults.py checks that it is)."""
 
 from __future__ import annotations
 
@@ -36,10 +17,18 @@ MIN_LOST_AFTER = SILENT_AFTER + RETRY_EVERY  # a host must have a chance to be r
 
 
 class LinkState(str, enum.Enum):
-    CONNECTED = "connected"
-    SILENT = "silent"
-    REATTACHED = "re-attached"
-    LOST = "lost"
+    """A host's link to the control plane, entered at a time the supervision records."""
+
+    CONNECTED = "connected"  # lines, heartbeats or events arrive (a reader held up by our own
+    # backlog counts as contact: the host is not silent, we are slow)
+    SILENT = "silent"  # nothing for `silent_after` s, or the node has not heard us for that long:
+    # the job runs on while the backend tries a fresh connection every `retry_every` s
+    REATTACHED = "re-attached"  # a fresh connection took over (output resumes at the last
+    # committed batch); from then on it counts as CONNECTED
+    LOST = "lost"  # silent for `lost_after` s; or at once: its connection closed without an exit
+    # status, or ranks elsewhere failed with errors pointing at it. The job stops on every host.
+    # The node stops its own job after `node_after` = lost_after x NODE_FACTOR s without us: later
+    # than we give up, so a re-attach just in time finds the job still running.
 
 
 @dataclass(frozen=True)

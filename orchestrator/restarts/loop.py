@@ -1,30 +1,8 @@
-"""Restarts: one outer supervisor, one budget for the whole job ([restart] max_restarts, or
---max-restarts), around the launch core; torchrun itself keeps --max-restarts 0.
-
-Every failed attempt is classified before the budget is spent (`classify`):
-- host fault: a host was lost (orchestrator/launch/faults.py), a rank was killed (SIGKILL: the OOM
-  killer, an admin), its output shows a hardware error (CUDA Xid or ECC, "GPU has fallen off the
-  bus", NCCL's "unhandled system error"), or it exited with one of [restart]
-  host_fault_exit_codes. Retried without that host: the next spare takes its place (inventory
-  `spare = true`, in inventory order), or the job shrinks to [restart] min_nodes, or it stops.
-- a consequence (a peer's closed connection, a collective timed out) is never a reason of its own:
-  the launch core's root cause already charges it to the failure it follows from.
-- deterministic: a rank's error before any progress on the first attempt (an ImportError, a
-  missing file, bad arguments), or the same error (type, message, where it was raised) as the
-  attempt before, with no progress in between. Not retried: EXIT_DETERMINISTIC.
-- stopped: Ctrl-C or a signal to `up`, the scheduler's own end (a cancel, a time limit), or
-  `ddpctl down` from anywhere (its nodes say so): someone else's action is not ours to undo.
-- any other error is retried on the same hosts (a flaky read, a full disk freed since), until it
-  repeats with no progress in between.
-Progress is counted without code changes: the rank wrapper counts optimizer steps, and a file in
-[restart] checkpoint_dir newer than the attempt's start counts too.
-
-Each attempt runs the whole launch again: [sync], doctor's pre-launch checks on its hosts (a host
-that fails them is left out like a faulty one, without spending the budget), a fresh rendezvous
-(its own job id; the master port settled again, "auto" a fresh one; the master the master_addr
-host while it is still in, else the first host still in), and its own directory
-`runs/<run id>/attempt-<n>/`; runs/<run id>/summary.json lists them all.
-"""
+"""Restarts: one outer supervisor and one budget for the whole job ([restart] max_restarts, or
+--max-restarts) around the launch core (torchrun itself keeps --max-restarts 0). Each failed
+attempt is classified before the budget is spent (`classify`: host fault, consequence,
+deterministic, stopped, other; docs/restarts.md has the table), and each attempt is a whole launch
+of its own, in `runs/<run id>/attempt-<n>/`."""
 
 from __future__ import annotations
 
@@ -156,7 +134,7 @@ class NoHosts(Exception):
 
 
 def classify(result: RunResult, job: Job, number: int, previous: Sequence[AttemptRecord]) -> Verdict:
-    """What a failed attempt's result says about the next one (module docstring)."""
+    """What a failed attempt's result says about the next one (the failure classes: docs/restarts.md)."""
     if result.signal is not None or result.interrupted:
         return Verdict(Failure.STOPPED, "stopped by the user" if result.signal in (None, signal.SIGINT) else
                        f"stopped by {signal.Signals(result.signal).name}")
