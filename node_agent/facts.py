@@ -244,7 +244,6 @@ def fact_workdir(req: Dict[str, Any]) -> Dict[str, Any]:
 # the directory, the one that looks first sees the other's marker. Elsewhere (one host, a launch)
 # the marker is removed at once: only the write is checked. Only a marker this op created
 # (O_EXCL) is ever removed, and nothing else.
-MARKER_PREFIX = DOCTOR_MARKER_PREFIX
 MARKER_TEXT = b"ddpctl doctor: which hosts share this directory; removed when doctor ends\n"
 CHECKPOINT_TIMEOUT_S = 10.0  # a hung network mount answers never: the fact says so instead
 
@@ -259,13 +258,13 @@ def checkpoint_path(req: Dict[str, Any]) -> str:
 
 def valid_marker(name: Any) -> bool:
     """A marker name doctor may create and remove: one plain file name with the marker prefix."""
-    return (isinstance(name, str) and name.startswith(MARKER_PREFIX) and len(name) <= 200
+    return (isinstance(name, str) and name.startswith(DOCTOR_MARKER_PREFIX) and len(name) <= 200
             and "/" not in name and "\0" not in name)
 
 
 def _own_marker() -> str:
     host = "".join(c if c.isalnum() or c in "._-" else "_" for c in socket.gethostname())[:64]
-    return "%s%s-%d-%s" % (MARKER_PREFIX, host, os.getpid(), os.urandom(4).hex())
+    return "%s%s-%d-%s" % (DOCTOR_MARKER_PREFIX, host, os.getpid(), os.urandom(4).hex())
 
 
 def _try_checkpoint(req: Dict[str, Any], keep: bool) -> Dict[str, Any]:

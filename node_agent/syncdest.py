@@ -28,7 +28,6 @@ if TYPE_CHECKING:  # typing is for the checker only (node_agent/__init__.py)
     from typing import Any, BinaryIO, Dict, List, Optional
 
 CHUNK = 1 << 20
-RECORD_DIR = SYNC_RECORD_DIR
 RECORD_VERSION = 1
 
 
@@ -95,7 +94,7 @@ def manifest(request: Dict[str, Any], control: BinaryIO) -> Dict[str, Any]:
     if not os.path.isdir(root):
         return {"root": root, "exists": False, "error": "%s exists and is not a directory" % root,
                 "exit_code": 2}
-    failed = try_write(os.path.join(root, RECORD_DIR)) if request.get("create") else None
+    failed = try_write(os.path.join(root, SYNC_RECORD_DIR)) if request.get("create") else None
     listing = _walk(root, checksum)
     listing.update(root=root, exists=True, records=read_records(root), free_bytes=free_bytes(root),
                    unwritable=None if failed is None else os_error(root, failed))
@@ -110,7 +109,7 @@ def _walk(root: str, checksum: bool) -> Dict[str, Any]:
         rel_dir = os.path.relpath(dirpath, root)
         prefix = "" if rel_dir == "." else rel_dir.replace(os.sep, "/") + "/"
         for name in list(dirnames):
-            if name == RECORD_DIR:
+            if name == SYNC_RECORD_DIR:
                 dirnames.remove(name)  # the records are not part of the copy
             elif os.path.islink(os.path.join(dirpath, name)):
                 other.append(prefix + name)  # os.walk lists links to directories here
@@ -133,13 +132,13 @@ def _walk(root: str, checksum: bool) -> Dict[str, Any]:
 
 def record_path(root: str, source: str) -> str:
     name = hashlib.sha256(source.encode("utf-8", "surrogateescape")).hexdigest()[:16]
-    return os.path.join(root, RECORD_DIR, name + ".json")
+    return os.path.join(root, SYNC_RECORD_DIR, name + ".json")
 
 
 def read_records(root: str) -> List[Dict[str, Any]]:
     """Every source's record under root; one that cannot be read or parsed counts as absent
     (its source then removes nothing, which is the safe side)."""
-    folder = os.path.join(root, RECORD_DIR)
+    folder = os.path.join(root, SYNC_RECORD_DIR)
     try:
         names = sorted(os.listdir(folder))
     except OSError:

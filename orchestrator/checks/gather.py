@@ -298,13 +298,12 @@ def run_probe(ctx: DoctorContext, opened: dict[str, Opened], job_holds_master: b
     return out
 
 
-MARKER_PREFIX = DOCTOR_MARKER_PREFIX  # node_agent/facts.py removes only files named so
 
 
 def checkpoint_markers(hosts: Sequence[Host]) -> dict[str, str]:
     """For one doctor run, the marker file each host writes in [restart] checkpoint_dir: named
     after the host, with a random part no other run or file has."""
-    return {h.name: f"{MARKER_PREFIX}{re.sub(r'[^A-Za-z0-9._-]+', '_', h.name)[:64]}-{secrets.token_hex(4)}"
+    return {h.name: f"{DOCTOR_MARKER_PREFIX}{re.sub(r'[^A-Za-z0-9._-]+', '_', h.name)[:64]}-{secrets.token_hex(4)}"
             for h in hosts}
 
 

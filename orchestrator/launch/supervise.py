@@ -216,11 +216,15 @@ class Supervision:
     def _mark_lost(self, run: HostRun, why: str) -> None:
         if run.done:
             return
+        self._host_lost(run, why)
+        self.backend.drop(run.host)  # its node ends the job when it stops hearing from us
+        self._lose(run, why)
+
+    def _host_lost(self, run: HostRun, why: str) -> None:
+        """The host's run and link say lost from now on; the monitors and the observer are told."""
         self.hosts.lose(run, why)
         self.monitors.tell(HostLost(run.host, why))
         self.observer.on_state(run)
-        self.backend.drop(run.host)  # its node ends the job when it stops hearing from us
-        self._lose(run, why)
 
     def _ended(self, run: HostRun, event: Ended) -> None:
         """The scheduler ends the job for a reason of its own: its words are the cause, no rank is
@@ -233,10 +237,8 @@ class Supervision:
         self.stopping = True
         self.stop_was_consequence = False
         if event.lost and not run.done:
-            self.hosts.lose(run, event.cause)
-            self.monitors.tell(HostLost(run.host, event.cause))
             self.record.losses.append(HostLoss(run.host, event.cause, time.time()))
-            self.observer.on_state(run)
+            self._host_lost(run, event.cause)
 
     def _exited(self, run: HostRun, code: int | None) -> None:
         if run.done:

@@ -19,7 +19,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar, Union
 
-from node_agent.layout import STOPPED_BY_DOWN
 from node_agent.replies import one_line
 from node_agent.replies_jobs import LogEvent, LogsFound, RunningJob, RunningJobs, StoppedJob, StoppedJobs
 from node_agent.replies_ports import (
@@ -46,7 +45,7 @@ from node_agent.replies_top import GpuStat, HostSample, HostTop, RankSteps, TopN
 from orchestrator.errors import HostError, HostErrorKind
 
 __all__ = [
-    "RANK_ENDS", "STOPPED_BY_DOWN", "CheckpointFact", "DetachedStart", "GpuStat", "HostFacts", "HostSample",
+    "RANK_ENDS", "CheckpointFact", "DetachedStart", "GpuStat", "HostFacts", "HostSample",
     "HostTop", "KilledProcess", "LogLine", "LogsFound", "MasterPortFact", "ModuleLookupFact", "NcclChoice",
     "PortOwner", "PortReport", "RankError", "RankPhase", "RankSteps", "RefusedProcess", "RunningJob",
     "StepWindow", "StoppedJob", "SuperviseResult", "TopNode", "UnseenSocket", "decode", "one_line",

@@ -16,6 +16,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from inventory import ConfigError, Host, Job, Rendezvous
+from node_agent.layout import STOPPED_BY_DOWN
+from orchestrator.checks.model import CheckStatus
 from orchestrator.errors import HostError, HostsFailed, LaunchBlocked
 from orchestrator.launch import core
 from orchestrator.launch.backends.base import Backend
@@ -26,7 +28,6 @@ from orchestrator.launch.plan import ATTEMPT_ENV, PREV_FAILURE_ENV, RUN_ID_ENV, 
 from orchestrator.launch.preflight import ChecksFailed
 from orchestrator.launch.result import RunResult, clock
 from orchestrator.launch.signals import StopSignal, stop_signals_raise
-from orchestrator.remote.wire import STOPPED_BY_DOWN
 
 EXIT_DETERMINISTIC = 70  # not restarted: it would fail the same way again (BSD's EX_SOFTWARE)
 BACKOFF_TICK = 0.2  # a backoff wakes this often to honour Ctrl-C at once
@@ -407,8 +408,6 @@ def _root_cause(result: RunResult) -> str | None:
 def _hosts_failed(exc: Exception) -> dict[str, str]:
     """host -> why, for each host a pre-launch step failed on (empty: not one host's fault)."""
     if isinstance(exc, ChecksFailed):
-        from orchestrator.checks.model import CheckStatus
-
         bad: dict[str, str] = {}
         for finding in exc.findings:
             if finding.status is CheckStatus.FAIL:

@@ -16,8 +16,9 @@ from doctor_fixtures import HOSTS, context, observe
 
 from inventory import Host
 from node_agent import facts
+from node_agent.layout import DOCTOR_MARKER_PREFIX as MARKER_PREFIX
 from orchestrator.checks import checkpoint
-from orchestrator.checks.gather import MARKER_PREFIX, checkpoint_markers, facts_request
+from orchestrator.checks.gather import checkpoint_markers, facts_request
 from orchestrator.checks.model import CheckStatus, DoctorContext, Finding, Observations
 from orchestrator.checks.registry import run_checks
 from orchestrator.doctor import run_doctor

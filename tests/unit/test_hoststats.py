@@ -308,16 +308,21 @@ def test_the_supervisors_sample_events_decode_to_what_it_sampled(
 
     monkeypatch.setattr(supervisor, "gpu_sample", sampled_gpus)
     events: list[tuple[str, dict[str, Any]]] = []
+    three = threading.Event()
+
+    def event(_uplink: object, name: str, **fields: Any) -> None:
+        events.append((name, fields))
+        if len(events) >= 3:
+            three.set()
+
     with fake_job(state_root, "hs-5") as job:
         sup = supervisor.Supervisor({"job_id": "hs-5", "sample_every": 0.1,
                                      "env": {"CUDA_VISIBLE_DEVICES": "1,3"}}, detached=False)
         sup.proc = job.launcher
-        sup.uplink = type("Uplink", (), {"event": lambda self, name, **fields: events.append((name, fields))})()
+        sup.uplink = type("Uplink", (), {"event": event})()
         watching = threading.Thread(target=sup.watch_host, daemon=True)
         watching.start()
-        deadline = time.monotonic() + 20
-        while len(events) < 3 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        three.wait(20)
         sup.stopping.set()
         watching.join(5)
     assert len(events) >= 3 and {name for name, _ in events} == {"sample"}

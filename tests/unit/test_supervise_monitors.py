@@ -90,7 +90,7 @@ def test_a_monitor_the_core_does_not_know_stops_the_job_with_its_cause_as_the_he
 def test_without_monitors_a_silent_job_runs_to_its_end(tmp_path: Path) -> None:
     def script(_b: ScriptedBackend, emit: Emit) -> None:
         emit_all(emit, [Started("a"), Started("b")])
-        time.sleep(1.0)
+        time.sleep(1.0)  # the job's own silence: longer than the hang timeout, across two of the core's ticks
         emit_all(emit, [Exited("a", 0), Exited("b", 0)])
 
     options = LaunchOptions(grace=1.0, runs_dir=tmp_path, hang_timeout=0.2, on_hang="stop")

@@ -18,8 +18,9 @@ import pytest
 from inventory import Host
 from inventory.specs import SyncSpec
 from node_agent import syncdest
+from node_agent.layout import SYNC_RECORD_DIR as RECORD_DIR
 from node_agent.protocol import RESULT_PREFIX
-from node_agent.syncdest import RECORD_DIR, manifest, unpack
+from node_agent.syncdest import manifest, unpack
 from orchestrator.errors import HostError
 from orchestrator.remote.pool import HostPool
 from orchestrator.remote.transport import CommandResult
