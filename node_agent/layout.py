@@ -16,6 +16,7 @@ DOWN_MARK = "down.json"
 STOPPED_BY_DOWN = "stopped by `ddpctl down`"
 
 DOCTOR_MARKER_PREFIX = ".ddpctl-doctor-"  # doctor's checkpoint_dir markers: the agent removes only these
+ATTEMPT_MARK = ".ddpctl-attempt"  # in [restart] checkpoint_dir: the run and attempt that own it now
 SYNC_RECORD_DIR = ".ddpctl-sync"  # inside a synced copy's root; the sender never sends nor removes it
 
 # Slurm: a ddpctl job is known by its comment (squeue's %k); its directory is on the shared home.

@@ -16,8 +16,9 @@ import threading
 import time
 
 from node_agent.attach import listen, serve
+from node_agent.attempt_mark import claim
 from node_agent.hoststats import ProcReader, cpu_and_rss, gpu_sample, gpu_select
-from node_agent.layout import DOWN_MARK, STOPPED_BY_DOWN, node_state_dir
+from node_agent.layout import ATTEMPT_MARK, DOWN_MARK, STOPPED_BY_DOWN, node_state_dir
 from node_agent.lines import whole_lines
 from node_agent.nccl_log import parse_files
 from node_agent.procfs import read_stat
@@ -55,6 +56,7 @@ RANK_POLL_S = 0.05  # how often the ranks' milestone files are looked for (one l
 WATCH_EVERY = 0.5  # how often the watchdog looks at the last heartbeat
 READ_CHUNK = 1 << 16
 CHECKPOINT_ENV = "DDPCTL_CHECKPOINT_DIR"  # [restart] checkpoint_dir, as the ranks get it
+ATTEMPT_ENV = "DDPCTL_ATTEMPT"  # which attempt of its run a job is (orchestrator/launch/plan.py)
 MAX_CHECKPOINT_FILES = 10000  # a checkpoint directory is looked through up to this many entries
 
 
@@ -64,6 +66,8 @@ def newest_mtime(directory: str) -> Optional[float]:
     seen = 0
     for root, _dirs, files in os.walk(directory):
         for name in files:
+            if name.startswith(ATTEMPT_MARK):  # ddpctl's own mark (node_agent/attempt_mark.py), not progress
+                continue
             seen += 1
             if seen > MAX_CHECKPOINT_FILES:
                 return newest
@@ -182,6 +186,13 @@ class Supervisor:
         if not where:
             return None
         return os.path.join(str(self.request.get("cwd") or "."), os.path.expanduser(str(where)))
+
+    def attempt(self) -> int:
+        """This node's attempt of its run (DDPCTL_ATTEMPT; 0 for a job without restarts)."""
+        try:
+            return int((self.request.get("env") or {}).get(ATTEMPT_ENV, 0))
+        except (TypeError, ValueError):
+            return 0
 
     def replay(self) -> List[bytes]:
         """What a re-attached control plane gets again: every rank milestone (it keeps each once)."""
@@ -417,6 +428,8 @@ class Supervisor:
         self.attach_path = listener.getsockname() if listener is not None else None
         checkpoints = self.checkpoint_dir()
         self.newest_before = newest_mtime(checkpoints) if checkpoints else None
+        if checkpoints:  # before any rank starts: an older attempt's rank still running sees it is stale
+            claim(checkpoints, self.request.get("run_id"), self.attempt())
         self.start()
         assert self.proc is not None
         self.started = self.state()

@@ -9,7 +9,8 @@ with ` t=<time.time()>` appended to both with --stamp.
 
 The run ends at step --steps (0: never); an attempt also ends --steps-per-attempt steps after
 where it resumed (0: no such limit), except attempt --forever-on-attempt, which runs until it is
-killed. The fault: at step --fail-at, on the host named --fail-host, on the attempts listed in
+killed. With --busy-at, rank 0 works alone for --busy-s seconds at that step (no collective: its
+peers wait), then saves. The fault: at step --fail-at, on the host named --fail-host, on the attempts listed in
 --fail-attempts ("0", "0,1" or "all"), --fail-how says how: "raise" (the same ValueError every
 time), "raise-per-attempt" (a message that differs per attempt) or an exit code.
 """
@@ -17,6 +18,7 @@ time), "raise-per-attempt" (a message that differs per attempt) or an exit code.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import socket
 import sys
@@ -39,7 +41,33 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--fail-host", default="")
     p.add_argument("--fail-how", default="raise")
     p.add_argument("--fail-attempts", default="all")
+    p.add_argument("--busy-at", type=int, default=-1, help="at this step, rank 0 works alone (no collective: an "
+                   "evaluation, a slow save) for --busy-s seconds, then saves, on the attempts in --fail-attempts")
+    p.add_argument("--busy-s", type=float, default=0.0)
     return p.parse_args(argv)
+
+
+def owns_checkpoints(directory: str) -> bool:
+    """False when a newer attempt (or another run) owns `directory`: this rank is stale and must not
+    write there (ddpctl marks the owner in .ddpctl-attempt before each attempt starts)."""
+    try:
+        with open(os.path.join(directory, ".ddpctl-attempt")) as f:
+            mark = json.load(f)
+    except (OSError, ValueError):
+        return True
+    return mark.get("run_id") == os.environ.get("DDPCTL_RUN_ID") and \
+        int(mark.get("attempt", -1)) <= int(os.environ.get("DDPCTL_ATTEMPT", "0"))
+
+
+def save(model: torch.nn.Module, step: int, path: str, attempt: int) -> None:
+    """Rank 0's checkpoint, atomically, unless a newer attempt owns the directory."""
+    folder = os.path.dirname(path)
+    if not owns_checkpoints(folder):
+        print(f"attempt {attempt}: a newer attempt owns {folder}: not saving step {step}", flush=True)
+        return
+    os.makedirs(folder, exist_ok=True)
+    torch.save({"model": model.state_dict(), "step": step}, path + ".tmp")
+    os.replace(path + ".tmp", path)
 
 
 def fail(args: argparse.Namespace, step: int, attempt: int) -> None:
@@ -80,10 +108,13 @@ def main(argv: list[str]) -> None:
         model(torch.ones(2, 4)).sum().backward()
         opt.step()
         print(f"attempt {attempt} rank {rank} step {step}{stamp()}", flush=True)
+        if rank == 0 and step == args.busy_at and (args.fail_attempts == "all" or
+                                                  str(attempt) in args.fail_attempts.split(",")):
+            print(f"attempt {attempt} rank {rank} busy on its own for {args.busy_s:g}s{stamp()}", flush=True)
+            time.sleep(args.busy_s)
+            save(model.module, step + 1, path, attempt)
         if rank == 0 and (step + 1) % args.every == 0:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            torch.save({"model": model.module.state_dict(), "step": step + 1}, path + ".tmp")
-            os.replace(path + ".tmp", path)
+            save(model.module, step + 1, path, attempt)
         step += 1
         time.sleep(args.delay)
     dist.destroy_process_group()

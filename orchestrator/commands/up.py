@@ -494,7 +494,7 @@ def print_restarted(run: RestartedRun, nccl_debug: bool) -> int:
                           f"{exclusion.reason}", markup=False, highlight=False)
     attempts = f"{len(run.attempts)} attempt(s), {run.restarts} restart(s) of at most {run.max_restarts}"
     if run.exit_code == 0:
-        verdict = f"succeeded after {attempts}"
+        verdict = f"succeeded after {attempts}" + (f", shrunk: it ended {run.shrunk}" if run.shrunk else "")
     else:
         if run.reason:
             err_console.print(Text(f"ddpctl: {run.reason}", style="bold red"))

@@ -13,6 +13,8 @@ SILENT_AFTER = 8.0  # four heartbeats missed: start reaching the host on a fresh
 RETRY_EVERY = 2.0  # between two attempts at a fresh connection (each within --connect-timeout)
 DEFAULT_LOST_AFTER = 60.0
 NODE_FACTOR = 1.5  # the node's own limit, from the control plane's
+NODE_WATCH_EVERY = 0.5  # how often a node's watchdog looks (node_agent/supervisor.py WATCH_EVERY)
+SELF_STOP_MARGIN = 2.0  # clocks, scheduling: on top of the node's own bound before we count on it
 MIN_LOST_AFTER = SILENT_AFTER + RETRY_EVERY  # a host must have a chance to be reached again
 
 
@@ -45,6 +47,14 @@ class FaultLimits:
     def node_after(self) -> float:
         """The node's own limit: it ends its job after this long without a heartbeat."""
         return self.lost_after * NODE_FACTOR
+
+    def self_stopped_after(self, grace: float, closed: bool = False) -> float:
+        """How long after a host was declared lost its job is surely gone without us. Its
+        watchdog fires `node_after` s after the last heartbeat it heard (we send none once it is
+        dropped), then its ranks get `grace` s before SIGKILL. `closed`: it was lost because its
+        connection closed (host or sshd died): its node ended its job at once then, so only the
+        grace is left."""
+        return (0.0 if closed else self.node_after) + NODE_WATCH_EVERY + grace + SELF_STOP_MARGIN
 
 
 @dataclass
@@ -98,6 +108,12 @@ def fault_table(limits: FaultLimits | None = None) -> list[tuple[str, str, str]]
         ("the node ends its own job", f"{NODE_FACTOR:g} x lost_after = {lim.node_after:.0f} s without a "
          "heartbeat, whatever its ranks print", "node"),
         ("the node ends its own job at once", "its current control connection closes (`up` killed)", "node"),
+        ("fencing: no new attempt while a lost host may still run the old one", "until the host is reached "
+         "again on a fresh connection and its job is ended there, or its own bound has passed since it was "
+         f"declared lost: {NODE_FACTOR:g} x lost_after + --grace + {NODE_WATCH_EVERY + SELF_STOP_MARGIN:g} s "
+         f"= {lim.self_stopped_after(10.0):.0f} s with --grace 10; --grace + "
+         f"{NODE_WATCH_EVERY + SELF_STOP_MARGIN:g} s = {lim.self_stopped_after(10.0, closed=True):.1f} s where its "
+         "connection closed (its node ended the job at once)", "control plane"),
     ]
 
 

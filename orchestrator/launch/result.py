@@ -41,6 +41,7 @@ class HostRun:
     hostname: str | None = None  # the machine's own name, as its supervisor reported it (Slurm: the node)
     nccl: NcclChoice | None = None  # what NCCL chose, with --nccl-debug
     tail: list[str] = field(default_factory=list)
+    link_closed: bool = False  # lost because its connection closed (host or sshd died), not silence
 
     @property
     def done(self) -> bool:

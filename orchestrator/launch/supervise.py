@@ -244,6 +244,7 @@ class Supervision:
         if run.done:
             return
         if code is None:
+            run.link_closed = True  # closed from its side: its node ends the job at once (the fault model)
             self._mark_lost(run, f"connection to {run.host} lost: host or sshd died (it closed without an "
                                  "exit status)")
             return

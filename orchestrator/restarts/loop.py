@@ -21,13 +21,15 @@ from orchestrator.checks.model import CheckStatus
 from orchestrator.errors import HostError, HostsFailed, LaunchBlocked
 from orchestrator.launch import core
 from orchestrator.launch.backends.base import Backend
+from orchestrator.launch.faults import limits_for
 from orchestrator.launch.monitor import MonitorFactory, no_monitors
 from orchestrator.launch.observer import Observer
 from orchestrator.launch.options import LaunchOptions
 from orchestrator.launch.plan import ATTEMPT_ENV, PREV_FAILURE_ENV, RUN_ID_ENV, new_job_id
 from orchestrator.launch.preflight import ChecksFailed
-from orchestrator.launch.result import RunResult, clock
+from orchestrator.launch.result import HostState, RunResult, clock
 from orchestrator.launch.signals import StopSignal, stop_signals_raise
+from orchestrator.restarts.fence import Suspect, fence
 
 EXIT_DETERMINISTIC = 70  # not restarted: it would fail the same way again (BSD's EX_SOFTWARE)
 BACKOFF_TICK = 0.2  # a backoff wakes this often to honour Ctrl-C at once
@@ -88,13 +90,14 @@ class AttemptRecord:
     master: str | None = None
     root_cause: str | None = None  # the first rank error in time: "rank 1 on node1: ValueError: ..."
     findings: list[dict[str, object]] = field(default_factory=list)  # the attempt's (orchestrator/watch/)
+    fenced: list[dict[str, object]] = field(default_factory=list)  # its lost hosts, settled before the next
 
     def to_json(self) -> dict[str, object]:
         v = self.verdict
         return {"attempt": self.number, "job_id": self.job_id, "hosts": self.hosts, "master": self.master,
                 "run_dir": str(self.run_dir), "started_at": self.started_at, "ended_at": self.ended_at,
                 "exit_code": self.exit_code, "steps": self.steps, "checkpointed": self.checkpointed,
-                "root_cause": self.root_cause, "findings": self.findings,
+                "root_cause": self.root_cause, "findings": self.findings, "fenced": self.fenced,
                 "failure": None if v is None else {"class": v.kind.value, "reason": v.reason,
                                                    "hosts": list(v.hosts), "step": v.step}}
 
@@ -112,16 +115,27 @@ class RestartedRun:
     exit_code: int = 1
     reason: str | None = None  # why it stopped restarting (None: it succeeded)
     signal: int | None = None
+    size: int = 0  # the hosts the job asked for (on Slurm: nodes); 0: not known
 
     @property
     def restarts(self) -> int:
         return max(len(self.attempts) - 1, 0)
+
+    @property
+    def shrunk(self) -> str | None:
+        """How the last attempt ran short of the hosts the job asked for ("on 2 of 4 hosts:
+        node2, node3"); None when it ran on as many."""
+        last = self.attempts[-1].hosts if self.attempts else []
+        if not last or not self.size or len(last) >= self.size:
+            return None
+        return f"on {len(last)} of {self.size} hosts: {', '.join(last)}"
 
     def write_summary(self) -> Path:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         path = self.run_dir / "summary.json"
         data = {"run_id": self.run_id, "exit_code": self.exit_code, "max_restarts": self.max_restarts,
                 "restarts": self.restarts, "stopped_because": self.reason, "signal": self.signal,
+                "shrunk": self.shrunk,
                 "excluded": [asdict(e) for e in self.excluded],
                 "attempts": [a.to_json() for a in self.attempts]}
         tmp = path.with_suffix(".tmp")
@@ -142,9 +156,12 @@ def classify(result: RunResult, job: Job, number: int, previous: Sequence[Attemp
     downed = next((r for r in result.hosts if (r.stop_reason or "").startswith(STOPPED_BY_DOWN)), None)
     if downed is not None:  # someone else's action is not ours to undo
         return Verdict(Failure.STOPPED, f"{downed.host}: {downed.stop_reason}")
-    if result.loss is not None:  # on Slurm too: a node it marked failed
-        return Verdict(Failure.HOST_FAULT, f"{result.loss.host} lost at {result.loss.when()}: {result.loss.reason}",
-                       (result.loss.host,))
+    if result.loss is not None:  # on Slurm too: a node it marked failed; every host lost is charged
+        lost = lost_hosts(result)
+        reason = f"{result.loss.host} lost at {result.loss.when()}: {result.loss.reason}"
+        others = {host: why for host, why in lost.items() if host != result.loss.host}
+        also = f"; also lost: {', '.join(others)}" if others else ""
+        return Verdict(Failure.HOST_FAULT, reason + also, (result.loss.host, *others), (reason, *others.values()))
     if result.ended_by is not None:  # a cancel, a time limit: the scheduler's decision, not a fault
         return Verdict(Failure.STOPPED, result.ended_by)
     faulty = _faulty_hosts(result, job)
@@ -160,6 +177,12 @@ def classify(result: RunResult, job: Job, number: int, previous: Sequence[Attemp
     signature = (error.kind, error.message, _raised_at(error.traceback))
     verdict = Verdict(Failure.ERROR, _root_cause(result) or error.summary, signature=signature, step=error.step)
     return _repeated(verdict, result, number, previous)
+
+
+def lost_hosts(result: RunResult) -> dict[str, str]:
+    """Every host the attempt lost (the cause or not), first lost first: host -> why."""
+    lost = sorted((r for r in result.hosts if r.state is HostState.LOST), key=lambda r: r.ended_at or 0.0)
+    return {r.host: f"{r.host} lost at {clock(r.ended_at or time.time())}: {r.error or 'no contact'}" for r in lost}
 
 
 def _host_failure(result: RunResult) -> str:
@@ -259,7 +282,8 @@ class Restarts:
         self.cb = observer
         self.options = options
         self.run_id = run_id or new_job_id(job.name)
-        self.run = RestartedRun(self.run_id, options.runs_dir / self.run_id, max_restarts)
+        self.run = RestartedRun(self.run_id, options.runs_dir / self.run_id, max_restarts,
+                                size=0 if job.slurm is not None else len(job.hosts))
         self.hosts = list(job.hosts)
         self.spares = list(job.spares)
         self.size = len(job.hosts)
@@ -306,10 +330,31 @@ class Restarts:
         hosts = tuple(self.hosts)
         return replace(self.job, hosts=hosts, env=env, rendezvous=_without(self.job, hosts))
 
-    def backoff(self, restarts: int) -> None:
-        """Wait before the next attempt (doubling, capped); Ctrl-C or a stop signal ends the run."""
+    def fence_lost(self, job: Job, result: RunResult, before: int) -> list[dict[str, object]]:
+        """No attempt beside a lost one: each host the attempt lost is reached again and its part
+        ended, or waited out (restarts/fence.py). Slurm fences its own nodes (docs/restarts.md)."""
+        lost = [r for r in result.hosts if r.state is HostState.LOST]
+        if job.slurm is not None or not lost:
+            return []
+        limits = limits_for(job.lost_after, self.options.lost_after)
+        hosts = {h.name: h for h in job.hosts}
+        suspects = [Suspect(hosts[r.host], result.job_id,
+                            (r.ended_at or time.time()) + limits.self_stopped_after(self.options.grace,
+                                                                                    closed=r.link_closed))
+                    for r in lost if r.host in hosts]
+        backend = self.make_backend(job)
+        try:
+            settled = fence(suspects, backend, self.options.grace, self.cb.on_notice, f"attempt {before}")
+        finally:
+            backend.close()
+        return [{"host": s.host, "how": "waited out" if s.fenced is None else "reached",
+                 "ended": None if s.fenced is None else s.fenced.ended, "at": s.at} for s in settled]
+
+    def backoff(self, restarts: int, waited: float = 0.0) -> None:
+        """Wait before the next attempt (doubling, capped; less what fencing waited already);
+        Ctrl-C or a stop signal ends the run."""
         spec = self.job.restart
-        wait = min(spec.backoff * (2 ** restarts), spec.max_backoff)
+        wait = min(spec.backoff * (2 ** restarts), spec.max_backoff) - waited
         if wait <= 0:
             return
         self.cb.on_notice(f"restarting in {wait:.0f}s (restart {restarts + 1} of at most "
@@ -378,22 +423,29 @@ class Restarts:
                 return self.stop(f"restart budget spent: {restarts} of {self.run.max_restarts} restart(s) used; "
                                  f"attempt {number} failed: {verdict.reason}", result.exit_code or 1)
             self.cb.on_notice(f"attempt {number} failed ({verdict.kind.value}): {verdict.reason}")
-            if verdict.kind is Failure.HOST_FAULT and self.job.slurm is not None:
-                self.exclude_nodes(verdict.faults, result, number + 1)
-            elif verdict.kind is Failure.HOST_FAULT:
+            bad = dict(verdict.faults) if verdict.kind is Failure.HOST_FAULT else {}
+            bad.update({host: why for host, why in lost_hosts(result).items() if host not in bad})  # every one lost
+            if bad and self.job.slurm is not None:
+                self.exclude_nodes(bad, result, number + 1)
+            elif bad:
                 try:
-                    self.exclude(verdict.faults, number + 1)
+                    self.exclude(bad, number + 1)
                 except NoHosts as no:
                     return self.stop(f"not restarting: {no}", result.exit_code or 1)
             restarts += 1
+            waiting, fencing = time.monotonic(), True
             try:
                 with stop_signals_raise():
-                    self.backoff(restarts - 1)
+                    record.fenced = self.fence_lost(job, result, number + 1)
+                    fencing = False
+                    self.backoff(restarts - 1, time.monotonic() - waiting)
             except KeyboardInterrupt as exc:
                 signum = exc.signum if isinstance(exc, StopSignal) else int(signal.SIGINT)
                 self.run.signal = signum
-                self.cb.on_notice(f"stopped during the backoff, before attempt {number + 1}: nothing was running")
-                return self.stop(f"stopped during the backoff before attempt {number + 1}", 128 + signum)
+                when = "while fencing" if fencing else "during the backoff"
+                self.cb.on_notice(f"stopped {when}, before attempt {number + 1}: nothing was running"
+                                  + (" but what a lost host runs on its own until its own limit" if fencing else ""))
+                return self.stop(f"stopped {when} before attempt {number + 1}", 128 + signum)
             previous = f"attempt {number} at {clock(record.ended_at or time.time())}: {verdict.reason}"
             number += 1
 

@@ -114,7 +114,8 @@ def no_attempt_left(cluster: Cluster, summary: dict[str, Any], hosts: Sequence[i
 def test_killed_master_host_resumes_on_a_spare_from_the_checkpoint(make_cluster: Callable[[int], Cluster],
                                                                    tmp_path: Path) -> None:
     cluster = make_cluster(3)
-    job = job_file(tmp_path, cluster, "kill-master", [40, 0.15, 5, -1, NEVER, "raise", "0"], spares=[2])
+    job = job_file(tmp_path, cluster, "kill-master", [40, 0.15, 5, -1, NEVER, "raise", "0"], spares=[2],
+                   supervise="[supervise]\nlost_after = 10\n")  # the fence waits out 1.5 x lost_after: shortened
     proc, runs, out = start(job, tmp_path, cluster)
     wait_for(lambda: "rank 1 step 12" in out.read_text(), 120, "step 12")
     kill_netns([cluster.hosts[0].netns])  # the master: the rendezvous must move
@@ -264,9 +265,14 @@ def test_a_link_down_for_good_is_lost_after_lost_after_and_a_spare_takes_over(
         summary = run_summary(runs)
         assert [a["hosts"] for a in summary["attempts"]] == [["node0", "node1"], ["node0", "node2"]]
         assert "attempt 1 rank 1 on node2 resumes at step" in text
+        # fenced: node1, cut off, ends its own part when it stops hearing from `up` (1.5 x lost_after);
+        # attempt 1 waited for that, dialling node1 all along
+        assert re.search(r"fencing node1 before attempt 1: .* waiting up to \d+ s for it to stop its own ranks", text)
+        assert "node1 not reached again; its own limit has passed" in text
+        assert text.index("its own limit has passed") < text.index("attempt 1 rank 1 on node2 resumes")
+        assert not cluster.job_pids(1, summary["attempts"][0]["job_id"])
+        assert summary["attempts"][0]["fenced"][0]["how"] == "waited out"
         wait_for(lambda: no_attempt_left(cluster, summary, [0, 2]), 30, "no job process left")
-        # node1, cut off, ends its own part when it stops hearing from `up` (1.5 x lost_after)
-        wait_for(lambda: not cluster.job_pids(1, summary["attempts"][0]["job_id"]), 30, "node1 to end its ranks")
     finally:
         cluster.link_up(1)
 

@@ -12,6 +12,7 @@ last.pt, or prev.pt with a warning when last.pt is missing, cannot be read, is n
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -181,7 +182,21 @@ def save_run(
         "world_size": ctx.env.world_size,
         "run_id": run_id,  # DDPCTL_RUN_ID: the same for every attempt of a ddpctl run
     }
+    if not owns_checkpoints(folder):
+        _warn(f"a newer attempt owns {folder} (.ddpctl-attempt): this stale attempt does not save")
+        return
     save_atomic(state, folder, previous=PREV)
+
+
+def owns_checkpoints(folder: Path) -> bool:
+    """False when a newer ddpctl attempt, or another run, owns `folder`: ddpctl marks the owner in
+    .ddpctl-attempt before each attempt starts (docs/restarts.md), and a stale attempt must not write."""
+    try:
+        mark = json.loads((folder / ".ddpctl-attempt").read_text())
+    except (OSError, ValueError):
+        return True
+    return isinstance(mark, dict) and mark.get("run_id") == os.environ.get("DDPCTL_RUN_ID") and \
+        int(mark.get("attempt", -1)) <= int(os.environ.get("DDPCTL_ATTEMPT", "0"))
 
 
 def restore_run(

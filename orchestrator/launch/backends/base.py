@@ -39,6 +39,19 @@ class Resolved:
     env: Mapping[str, Mapping[str, str]] = field(default_factory=dict)  # host -> variables ddpctl sets
 
 
+@dataclass(frozen=True)
+class Fenced:
+    """A host lost during a job, reached again: what it still ran of the job, ended now."""
+
+    host: str
+    ended: int  # processes of the job that were still running there (SIGTERM, then SIGKILL)
+    left: tuple[int, ...] = ()  # pids still alive after SIGKILL: not fenced
+
+    @property
+    def confirmed(self) -> bool:
+        return not self.left
+
+
 @dataclass
 class DetachReport:
     """Nodes started as daemons, and the ones that could not be started."""
@@ -86,6 +99,10 @@ class Backend(Protocol):
 
     def close(self) -> None:
         """The job is over: stop background work (heartbeats, pollers)."""
+
+    def fence(self, host: Host, job_id: str, grace: float) -> Fenced:
+        """End what a host lost during job `job_id` may still run of it, on a fresh connection
+        (SIGTERM, then SIGKILL after `grace`). Raises HostError while the host cannot be reached."""
 
     def detach(self, plan: LaunchPlan, options: LaunchOptions) -> DetachReport:
         """Start every node to run on without us; `ddpctl ps/logs/down` take over."""

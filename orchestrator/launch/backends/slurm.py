@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from inventory import Job
+from inventory import Host, Job
 from inventory.slurm_table import DEFAULT_BASE_PORT, node_hosts, nproc_for
 from inventory.specs import SlurmSpec
 from node_agent.layout import (
@@ -27,7 +27,7 @@ from orchestrator.checks.slurm_nodes import controller_findings, reprobe_job
 from orchestrator.errors import HostError
 from orchestrator.hostops.slurm_jobs import SLURM_STACKS_TIMEOUT_S
 from orchestrator.hostops.stacks import StacksReport, assemble
-from orchestrator.launch.backends.base import DetachReport, Emit, Notice, Resolved, supervise_request
+from orchestrator.launch.backends.base import DetachReport, Emit, Fenced, Notice, Resolved, supervise_request
 from orchestrator.launch.backends.slurm_events import (
     Kind,
     SlurmEvent,
@@ -445,6 +445,11 @@ class SlurmBackend:
 
     def reattach(self, host: str) -> None:
         return None  # the nodes' output comes through files on the shared filesystem: nothing to re-open
+
+    def fence(self, host: Host, job_id: str, grace: float) -> Fenced:
+        """Slurm fences its own nodes: the job's allocation has ended (scancel), a node it marked
+        down gets no new work, and its slurmd ends what is left of the job when it registers again."""
+        raise NotImplementedError(f"{host.name}: Slurm fences its own nodes; the restart loop does not ask")
 
     def close(self) -> None:
         """Every node has ended: wait (bounded) until Slurm has cleaned the job up too, so that

@@ -8,19 +8,20 @@ start) from `ddpctl up` to a running torchrun."""
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
-from inventory import Job
+from inventory import Host, Job
 from inventory.gpus import check_job_env
 from orchestrator.checks.context import from_job
 from orchestrator.checks.gather import close_all, open_sessions, run_probe
 from orchestrator.checks.model import ProbeResults
 from orchestrator.errors import HostError, HostErrorKind
 from orchestrator.hostops.stacks import StacksReport, collect
-from orchestrator.launch.backends.base import DetachReport, Emit, Notice, Resolved, supervise_request
+from orchestrator.launch.backends.base import DetachReport, Emit, Fenced, Notice, Resolved, supervise_request
 from orchestrator.launch.events import (
     Alive,
     Exited,
@@ -48,11 +49,12 @@ from orchestrator.remote.agent import AgentEvent, AgentResult, AgentStream, Batc
 from orchestrator.remote.pool import HostPool
 from orchestrator.remote.session import Session
 from orchestrator.remote.transport import OutputLine, Transport
-from orchestrator.remote.wire import parse_detached, parse_rank_phase, parse_sample, parse_supervise
+from orchestrator.remote.wire import parse_detached, parse_down, parse_rank_phase, parse_sample, parse_supervise
 from orchestrator.sync.core import Progress, SyncReport, sync_job
 
 REPROBE_TIMEOUT_S = 20.0  # the watchdog's re-probe: each host's session must open within this
 DETACH_TIMEOUT_S = 60.0  # a detached start answers once its supervisor has written its state
+FENCE_TIMEOUT_S = 30.0  # fencing a lost host reached again: its down op answers within grace + this
 
 
 @dataclass
@@ -327,6 +329,14 @@ class SshBackend:
     def close(self) -> None:
         self.closed.set()
         self._release()
+
+    def fence(self, host: Host, job_id: str, grace: float) -> Fenced:
+        transport = self.pool.transport(host)
+        transport.reconnect()  # never the connection that was stuck when the host was lost
+        request = {"job": job_id, "grace": grace, "by": f"ddpctl up on {socket.gethostname()}, fencing a lost host"}
+        stopped = parse_down(call_agent(transport, "down", request, timeout=grace + FENCE_TIMEOUT_S).result, host.name)
+        return Fenced(host.name, sum(len(s.terminated) for s in stopped),
+                      tuple(pid for s in stopped for pid in s.left))
 
     # -- detached and diagnostics -----------------------------------------------------------
     def detach(self, plan: LaunchPlan, options: LaunchOptions) -> DetachReport:
