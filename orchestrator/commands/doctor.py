@@ -116,7 +116,9 @@ def doctor_command(
     runs_dir: RunsDirOpt = Path("runs"),
     explain_check: ExplainOpt = None,
 ) -> None:
-    """Check every host (SSH, torch, versions, firewall, ports, NCCL/Gloo interfaces, DNS, clock).
+    """Check every host for what would make a launch fail or hang.
+
+    SSH, torch, versions, firewall, ports, NCCL/Gloo interfaces, DNS, clock, and more.
 
     Exit 0 with no errors, 1 with any (--strict: or warnings), 2 for bad input.
 

@@ -131,9 +131,11 @@ def kill_port_command(
     *,
     connection: Connection,
 ) -> None:
-    """Free a port: show its holders (pid, user, command, age, ddpctl job), confirm, kill each
+    """Free a port: show its holders, confirm, kill, verify.
+
+    It shows the port's holders (pid, user, command, age, ddpctl job), confirms, kills each
     holder's process tree (a torchrun worker: its agent and all workers; SIGTERM, then SIGKILL
-    after --grace), then verify the port is free on each host.
+    after --grace), then verifies the port is free on each host.
 
     Without --host/--all it acts on this machine (no SSH); --host without -i is reached as `ssh
     HOST` would. Without --force, other users' processes and system services (sshd, systemd) are

@@ -81,8 +81,10 @@ def ps_command(
     *,
     connection: Connection,
 ) -> None:
-    """List ddpctl jobs running on each host: job id, node rank, pids, uptime, GPU memory; and,
-    where Slurm's client is configured here (or with --backend slurm), ddpctl's jobs in its queue.
+    """List ddpctl jobs running on each host and in Slurm's queue.
+
+    Each job: job id, node rank, pids, uptime, GPU memory; and, where Slurm's client is
+    configured here (or with --backend slurm), ddpctl's jobs in its queue.
 
     \b
     Examples:
@@ -159,7 +161,9 @@ def down_command(
     *,
     connection: Connection,
 ) -> None:
-    """Stop a job on every host, from any machine, and report what was killed.
+    """Stop a job on every host and report what was killed.
+
+    It works from any machine that reaches the hosts.
 
     \b
     Examples:
@@ -202,8 +206,10 @@ def logs_command(
     *,
     connection: Connection,
 ) -> None:
-    """Replay (or follow) every host's output of a job: each line labelled with its host and rank,
-    the hosts' lines merged by time (with --follow: as they arrive).
+    """Replay (or follow) a job's output from every host, by time.
+
+    Each line is labelled with its host and rank, the hosts' lines merged by time (with --follow:
+    as they arrive).
 
     \b
     Examples:

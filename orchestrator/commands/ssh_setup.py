@@ -128,8 +128,10 @@ def ssh_setup_command(
     *,
     connection: Connection,
 ) -> None:
-    """Set up key login: create the key if missing, log in to every host once with a password,
-    add the key to ~/.ssh/authorized_keys (once), then verify that the key alone logs in.
+    """Set up key login on every host, with a password typed once.
+
+    It creates the key if missing, logs in to every host once with a password, adds the key to
+    ~/.ssh/authorized_keys (once), then verifies that the key alone logs in.
 
     The password is asked once on the terminal (without echo), or read from standard input with
     --password-stdin; it is never printed, logged, written to disk or put on a command line.

@@ -26,7 +26,9 @@ def stacks_command(
     *,
     connection: Connection,
 ) -> None:
-    """Dump the Python stack of every rank of a running job, grouped, and name the collective it waits in.
+    """Dump every rank's stack and name the collective it waits in.
+
+    The ranks' Python stacks, grouped.
 
     Each rank's stack and its flight recorder's last collectives come from ddpctl's rank wrapper
     (py-spy for a rank that cannot answer).

@@ -34,7 +34,9 @@ def sync_command(
     *,
     connection: Connection,
 ) -> None:
-    """Make every host's copy of the job's source match this machine's (only changed files go).
+    """Copy the job's source to every host (only what changed).
+
+    Every host's copy is made to match this machine's.
 
     \b
     Examples:

@@ -185,9 +185,12 @@ def top_command(
     *,
     connection: Connection,
 ) -> None:
-    """Show every host of a running job, worst first, refreshed every --interval seconds: rank
-    processes alive, steps/s and step time p50/p95 (the slowest rank's), GPU utilization,
-    memory and power (nvidia-smi), CPU % and RSS of the job's processes, tx/rx on the
+    """Show every host of a running job, worst first, live.
+
+    Refreshed every --interval seconds.
+
+    Per host: rank processes alive, steps/s and step time p50/p95 (the slowest rank's), GPU
+    utilization, memory and power (nvidia-smi), CPU % and RSS of the job's processes, tx/rx on the
     interface NCCL/Gloo uses, and the age of the last output line. A host that cannot be
     reached, or whose nvidia-smi fails, is a row with its error. Exits 1 when a host gave no
     answer or the job runs nowhere (with --once or --json).

@@ -397,7 +397,9 @@ def up_command(
     *,
     connection: Connection,
 ) -> None:
-    """Launch torchrun on every host of the job, with the right node rank, and stream its output.
+    """Launch torchrun on every host and stream its output.
+
+    Each host gets the right node rank.
 
     \b
     Examples:

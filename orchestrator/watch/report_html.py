@@ -237,7 +237,7 @@ def _line_chart(lines: Sequence[Line], ylabel: str, *, budget: int, y_floor: flo
     body += [frame.vline(t, colour, title) for t, colour, title in markers]
     legend = "".join(f'<span><i class="swatch" style="background:{line.colour}"></i>{line.label}</span>'
                      for line in lines)
-    return frame.svg(body, ylabel) + (f'<p class="legend">{legend}</p>' if len(lines) > 1 else "")
+    return frame.svg(body, ylabel) + (f'<p class="legend">{legend}</p>' if lines else "")
 
 
 # --- sections ---------------------------------------------------------------------------------------------
@@ -267,7 +267,7 @@ def _header(report: Mapping[str, Any]) -> str:
     steps += [s for p in _records(report.get("throughput")) if (s := _int(p.get("step"))) is not None]
     facts = [("run", _esc(report.get("run_id"))), ("started", _fmt_epoch(started)), ("ended", _fmt_epoch(ended)),
              ("duration", _fmt_duration(ended - started if started is not None and ended is not None else None)),
-             ("outcome", outcome), ("hosts × ranks", f"{len(hosts)} × {n_ranks}"),
+             ("outcome", outcome), _shape(hosts, n_ranks),
              ("steps", _fmt(max(steps)) if steps else NONE)]
     rows = [f"<tr><td>{_esc(h.get('name'))}</td><td class='num'>{_esc(_int(h.get('node_rank')))}</td>"
             f"<td class='num'>{_esc(_int(h.get('nproc')))}</td><td>{_esc(h.get('state'))}</td>"
@@ -275,6 +275,15 @@ def _header(report: Mapping[str, Any]) -> str:
     table = _table(["host", "node rank", "nproc", "state", "exit code"], rows) if rows else ""
     return (f"<h1>Run report: {_esc(report.get('job_id'))}</h1><dl>"
             + "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in facts) + f"</dl>{table}")
+
+
+def _shape(hosts: Sequence[Mapping[str, Any]], ranks: int) -> tuple[str, str]:
+    """The job's shape: `2 × 1 = 2` (hosts × ranks per host = ranks) where every host runs as
+    many ranks, else the hosts and the ranks in all."""
+    per_host = {_int(h.get("nproc")) for h in hosts}
+    if len(per_host) == 1 and (n := per_host.pop()) is not None and n * len(hosts) == ranks:
+        return "hosts × ranks per host", f"{len(hosts)} × {n} = {ranks} ranks"
+    return "hosts, ranks", f"{len(hosts)} hosts, {ranks} ranks"
 
 
 def _findings_table(findings: Sequence[Mapping[str, Any]], started: float | None) -> str:

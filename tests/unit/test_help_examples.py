@@ -53,3 +53,16 @@ def test_every_flag_in_an_example_is_the_commands_own(name: str) -> None:
     for line in example_lines(name, help_lines(name)):
         unknown = set(FLAG.findall(line)) - flags
         assert not unknown, f"{line!r}: {sorted(unknown)} not options of `ddpctl {name}`"
+
+
+def test_every_command_has_a_one_line_summary_in_ddpctls_help() -> None:
+    """`ddpctl --help` on an 80-column terminal: each command's summary fits its one row."""
+    result = CliRunner().invoke(build(), ["--help"], env=ENV)
+    assert result.exit_code == 0, result.output
+    lines = [ANSI.sub("", line).strip().strip("│").rstrip() for line in result.output.splitlines()]
+    start = next(i for i, line in enumerate(lines) if "Commands" in line) + 1
+    rows = lines[start:next(i for i in range(start, len(lines)) if lines[i].startswith("╰"))]
+    named = [row.split()[0] for row in rows if row[1:2] != " "]  # a row cut in two goes on indented
+    assert named == list(COMMANDS)  # every row names a command: no summary spills onto a row of its own
+    for row in rows:
+        assert row.rstrip().endswith("."), f"a summary cut in two: {row!r}"

@@ -59,7 +59,7 @@ def test_a_realistic_report_renders_every_section() -> None:
     assert "<title>ddpctl run report: resnet-7</title>" in page
     assert "2024-05-01 10:40:00 UTC" in page and "30 min 0 s" in page
     assert 'class="bad">failed (exit 1)' in page
-    assert "3 × 6" in page and "3,000" in page
+    assert "3 × 2 = 6 ranks" in page and "3,000" in page
     assert "rank 3 is 2.0x slower than the median" in page and "no step for 120 s" in page
     assert page.count('class="rank') == 6
     assert "DDP split per rank" in page
@@ -177,3 +177,23 @@ def test_downsampling_keeps_spikes_and_order() -> None:
     assert len(kept) <= 500
     assert (4321.0, 99.0) in kept
     assert [x for x, _ in kept] == sorted(x for x, _ in kept)
+
+
+def test_the_shape_line_says_hosts_times_ranks_per_host() -> None:
+    report = realistic_report()
+    assert "<dt>hosts × ranks per host</dt><dd>3 × 2 = 6 ranks</dd>" in render_html(report)
+    two_by_one = dict(report, hosts=[dict(h, nproc=1) for h in report["hosts"][:2]],
+                      ranks=[dict(r, rank=i) for i, r in enumerate(report["ranks"][:2])])
+    assert "<dd>2 × 1 = 2 ranks</dd>" in render_html(two_by_one)  # not "2 × 2"
+    uneven = dict(report, hosts=[dict(report["hosts"][0], nproc=2), dict(report["hosts"][1], nproc=1)],
+                  ranks=report["ranks"][:3])
+    assert "<dt>hosts, ranks</dt><dd>2 hosts, 3 ranks</dd>" in render_html(uneven)
+
+
+def test_every_host_chart_has_a_legend() -> None:
+    page = render_html(realistic_report())
+    cpu_block = page.split("<h3>cpu1</h3>")[1]
+    assert cpu_block.split("</svg>")[1].startswith('<p class="legend">') and "CPU %" in cpu_block  # one line too
+    for name in ("gpu1", "gpu2"):
+        block = page.split(f"<h3>{name}</h3>")[1].split("<h3>")[0]
+        assert block.count('<p class="legend">') == 2 and "GPU 0" in block and "GPU 1" in block
