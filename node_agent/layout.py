@@ -14,6 +14,7 @@ RUNS = "runs"  # <state root>/runs/<job id>/node<rank>: a job's run state on a h
 # A node's run state: `ddpctl down` stopped it (who, when), and the start of its stop reason then.
 DOWN_MARK = "down.json"
 STOPPED_BY_DOWN = "stopped by `ddpctl down`"
+STOPPED_BY_SIGNAL = "stopped by a signal to torchrun from outside ddpctl"  # kill <torchrun's pid>, by hand
 
 DOCTOR_MARKER_PREFIX = ".ddpctl-doctor-"  # doctor's checkpoint_dir markers: the agent removes only these
 ATTEMPT_MARK = ".ddpctl-attempt"  # in [restart] checkpoint_dir: the run and attempt that own it now

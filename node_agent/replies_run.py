@@ -98,6 +98,7 @@ class SuperviseResult:
     steps: Optional[int] = None  # the most optimizer steps a rank of the host took (None: unknown)
     checkpointed: bool = False  # a file in [restart] checkpoint_dir is newer than at the start
     state_dir: Optional[str] = None
+    stopped_at: Optional[float] = None  # when someone else stopped it (`ddpctl down`, a signal): time.time()
 
 
 @dataclass(frozen=True)

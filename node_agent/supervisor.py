@@ -18,11 +18,12 @@ import time
 from node_agent.attach import listen, serve
 from node_agent.attempt_mark import claim
 from node_agent.hoststats import ProcReader, cpu_and_rss, gpu_sample, gpu_select
-from node_agent.layout import ATTEMPT_MARK, DOWN_MARK, STOPPED_BY_DOWN, node_state_dir
+from node_agent.layout import ATTEMPT_MARK, DOWN_MARK, STOPPED_BY_DOWN, STOPPED_BY_SIGNAL, node_state_dir
 from node_agent.lines import whole_lines
 from node_agent.nccl_log import parse_files
 from node_agent.procfs import read_stat
 from node_agent.protocol import emit_event
+from node_agent.quiet import QuietSignalTracebacks
 from node_agent.ranklogs import RankLogs
 from node_agent.replies import wire
 from node_agent.replies_run import (
@@ -92,6 +93,8 @@ class Supervisor:
         self.log_path = self.dir / "output.log"
         self.proc: Optional[subprocess.Popen] = None
         self.stop_reason: Optional[str] = None
+        self.stopped_at: Optional[float] = None  # someone else stopped it (`ddpctl down`, a signal), then
+        self.quiet = QuietSignalTracebacks()  # torchrun's own output, less its SignalException tracebacks
         self.last_beat = time.monotonic()
         self.stopping = threading.Event()
         self.aborted = False  # the job failed: torchrun was killed with its failed rank (stop)
@@ -304,8 +307,14 @@ class Supervisor:
     def pump_output(self) -> None:
         """torchrun's own output (its ranks' is in their files: watch_ranks), whole lines at a time."""
         assert self.proc is not None and self.proc.stdout is not None
+        quiet = self.quiet
         for data in whole_lines(functools.partial(os.read, self.proc.stdout.fileno(), READ_CHUNK)):
-            self.append(data)
+            kept = quiet.feed(data)
+            if kept:
+                self.append(kept)
+        rest = quiet.flush()
+        if rest:
+            self.append(rest)
 
     def watch_ranks(self) -> None:
         """Every RANK_POLL_S while torchrun runs: each rank's output from the files torchrun writes
@@ -456,13 +465,19 @@ class Supervisor:
             self._thread(self.watch_heartbeat)
         self._thread(self.watch_host)
         code = self.proc.wait()
-        down = read_json(self.dir / DOWN_MARK)
-        if down is not None:  # someone else's action, not a failure: a restarting control plane must know
-            self.stop_reason = "%s (%s)" % (STOPPED_BY_DOWN, down.get("by") or "someone") + \
-                (": " + self.stop_reason if self.stop_reason else "")
         if self.aborted and code == -signal.SIGKILL:
             code = 1  # as torchrun itself exits when a rank fails
         pump.join(10)
+        down = read_json(self.dir / DOWN_MARK)
+        if down is not None:  # someone else's action, not a failure: a restarting control plane must know
+            at = down.get("at") if isinstance(down.get("at"), (int, float)) else None
+            self.stopped_at = at
+            when = " at %s" % time.strftime("%H:%M:%S", time.localtime(at)) if at is not None else ""
+            self.stop_reason = "%s (%s%s)" % (STOPPED_BY_DOWN, down.get("by") or "someone", when) + \
+                (": " + self.stop_reason if self.stop_reason else "")
+        elif self.quiet.signalled and not self.stopping.is_set():  # torchrun killed by hand, not by us
+            self.stopped_at = self.quiet.signalled_at
+            self.stop_reason = "%s on %s (%s)" % (STOPPED_BY_SIGNAL, socket.gethostname(), self.quiet.signalled)
         ranks.join(30)
         self.log.close()
         self.index.close()
@@ -481,7 +496,7 @@ class Supervisor:
             error=None, log=str(self.log_path), rank_errors=tuple(errors[:32]), steps=self.steps(),
             # a newer file there is progress, whatever the step counts say
             checkpointed=after is not None and (self.newest_before is None or after > self.newest_before),
-            state_dir=str(self.dir)))
+            state_dir=str(self.dir), stopped_at=self.stopped_at))
         write_json_atomic(self.dir / "state.json", dict(self.started, status="exited",
                                                            ended_at=time.time(), **result))
         if self.uplink is not None:  # a control plane cut off may still re-attach to read the end

@@ -35,6 +35,7 @@ from orchestrator.launch.faults import DEFAULT_LOST_AFTER, MIN_LOST_AFTER
 from orchestrator.launch.labels import RankLines
 from orchestrator.launch.observer import Pulse, plan_summary
 from orchestrator.launch.options import LaunchOptions, OnHang
+from orchestrator.launch.outcome import EXIT_STOPPED
 from orchestrator.launch.plan import LaunchPlan, mask_env
 from orchestrator.launch.preflight import LAUNCH_CHECKS, ChecksFailed
 from orchestrator.launch.progress import Status
@@ -275,8 +276,15 @@ def print_failure(result: RunResult) -> None:
         err_console.print(Text("\nrendezvous failed:", style="bold red"))
         err_console.print(result.cause, markup=False)
     if result.ended_by is not None and result.loss is None:
-        err_console.print(Text(f"\nfirst failure: {result.ended_by}", style="bold red"))
+        stopped = result.exit_code == EXIT_STOPPED
+        err_console.print(Text(f"\n{'stopped' if stopped else 'first failure'}: {result.ended_by}",
+                               style="bold yellow" if stopped else "bold red"))
         err_console.print("  no rank failed: Slurm ended them (their lines are in the logs)", markup=False)
+        return
+    if result.stopped_by is not None and result.root_cause is None and result.loss is None:
+        err_console.print(Text(f"\n{result.stopped_by}", style="bold yellow"))
+        err_console.print("  no rank failed before it: what the ranks raised after it are its consequences "
+                          "(their lines are in the logs)", markup=False)
         return
     if result.loss is not None:
         loss = result.loss
@@ -465,6 +473,9 @@ def print_finished(result: RunResult, nccl_debug: bool) -> int:
     verdict = "succeeded" if result.exit_code == 0 else f"failed (exit {result.exit_code})"
     if result.signal is not None and result.signal != signal.SIGINT:
         verdict = f"stopped on every host by {signal.Signals(result.signal).name} (exit {result.exit_code})"
+    elif result.exit_code == EXIT_STOPPED:
+        by = result.stopped_by or f"stopped: {result.ended_by}"
+        verdict = f"{by} (exit {result.exit_code})"
     report = result.run_dir / "report.html"
     page = f"; report: {report}" if report.exists() else ""
     err_console.print(f"ddpctl: job {result.job_id} {verdict}; logs: {result.run_dir}{page}", highlight=False)
@@ -500,7 +511,7 @@ def print_restarted(run: RestartedRun, nccl_debug: bool) -> int:
     else:
         if run.reason:
             err_console.print(Text(f"ddpctl: {run.reason}", style="bold red"))
-        verdict = f"failed (exit {run.exit_code}) after {attempts}"
+        verdict = f"{'stopped' if run.exit_code == EXIT_STOPPED else 'failed'} (exit {run.exit_code}) after {attempts}"
     err_console.print(f"ddpctl: run {run.run_id} {verdict}; logs: {run.run_dir}", highlight=False)
     return run.exit_code
 

@@ -22,6 +22,8 @@ class Record:
     hung: bool = False  # a monitor judged the job hung
     cause: str | None = None  # a monitor's diagnosis (the rendezvous watchdog's)
     ended_by: str | None = None  # the scheduler's own reason for ending the job (Slurm's words)
+    stopped_by: str | None = None  # someone else stopped it: `ddpctl down` (who, when), a signal to torchrun
+    stopped_at: float | None = None  # when that stop began (what fails after it is its consequence)
     steps: dict[tuple[str, int | None], int] = field(default_factory=dict)  # (host, local rank) -> steps
     checkpointed: bool = False  # a host saw a newer file in [restart] checkpoint_dir
     findings: list[Finding] = field(default_factory=list)  # the monitors', in order
@@ -47,4 +49,5 @@ class Record:
 
     def final(self, runs: Sequence[HostRun]) -> FinalState:
         return FinalState(runs, self.signals[0] if self.signals else None, self.hung, self.cause, self.ended_by,
-                          tuple(self.failures), tuple(self.losses), self.first_failure)
+                          tuple(self.failures), tuple(self.losses), self.first_failure, self.stopped_by,
+                          self.stopped_at)

@@ -114,6 +114,7 @@ class RunResult:
     steps: int | None = None  # the most optimizer steps any rank took (the rank wrapper's count)
     checkpointed: bool = False  # a newer file appeared in [restart] checkpoint_dir on some host
     findings: list[dict[str, Any]] = field(default_factory=list)  # orchestrator/watch/: stragglers, hangs, ...
+    stopped_by: str | None = None  # someone else stopped it: `ddpctl down` (who, when), a signal to torchrun
 
     @property
     def ok(self) -> bool:
@@ -146,6 +147,7 @@ def write_summary(plan: LaunchPlan, result: RunResult) -> Path:
         "root_cause": asdict(result.root_cause) if result.root_cause else None,
         "cause": result.cause,
         "ended_by": result.ended_by,
+        "stopped_by": result.stopped_by,
         "steps": result.steps,
         "checkpointed": result.checkpointed,
         "findings": result.findings,

@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
+from node_agent.layout import STOPPED_BY_DOWN, STOPPED_BY_SIGNAL
 from orchestrator.hostops.stacks import StacksReport, report_json, report_text
 from orchestrator.launch.backends.base import Backend
 from orchestrator.launch.events import (
@@ -177,7 +178,8 @@ class Supervision:
             self._blame_silent(failure)
         # fail fast: the other hosts are told now, not when this one's torchrun has exited
         rank = phase.rank if phase.rank is not None else f"local {phase.local_rank}"
-        self._fail(run, f"rank {rank} raised {phase.error.kind or 'an error'}", consequence=consequence)
+        raised = f"rank {rank} raised {phase.error.kind or 'an error'}" + (", losing a peer" if consequence else "")
+        self._fail(run, raised, consequence=consequence)
 
     def _reported(self, run: HostRun, event: Reported) -> None:
         result = event.result
@@ -191,6 +193,18 @@ class Supervision:
         reason = result.stop_reason or ""
         if reason.startswith(NODE_GAVE_UP) and not self.stopping:  # it stopped for lack of us
             self._lose(run, f"{run.host} stopped its job on its own: {reason}")
+        elif reason.startswith((STOPPED_BY_DOWN, STOPPED_BY_SIGNAL)):  # someone else's stop, not a failure
+            self._stopped_from_outside(reason, result.stopped_at)
+
+    def _stopped_from_outside(self, reason: str, at: float | None) -> None:
+        """`ddpctl down` (or a signal to torchrun) reached a host: the stop is the headline, and
+        what fails after it began is its consequence (launch/outcome.py)."""
+        if self.record.stopped_by is not None:
+            return
+        headline = reason[:reason.index(")") + 1] if ")" in reason else reason
+        self.record.stopped_by, self.record.stopped_at = headline, at if at is not None else time.time()
+        if not self.stopping:
+            self.stop_all(False, f"{headline}: stopping the job on every host")
 
     def _blame_silent(self, failure: RankFailure) -> None:
         """A rank lost its connection to a peer while a host is silent: that host is gone. Lost
@@ -251,7 +265,7 @@ class Supervision:
         run.exit_code, run.ended_at = code, time.time()
         if code == 0:
             run.state = HostState.EXITED
-        elif self.stopping and run is not self.record.first_failure:
+        elif (self.stopping and run is not self.record.first_failure) or self.record.stopped_by is not None:
             run.state = HostState.STOPPED
         else:
             run.state = HostState.FAILED
@@ -351,7 +365,7 @@ class Supervision:
                            state.signal is not None, {hl.host.name: hl.nproc for hl in self.plan.hosts},
                            state.hung, end.root_cause, state.cause, end.loss, state.signal, state.ended_by,
                            self.record.most_steps, self.record.checkpointed,
-                           [f.to_json(self.started) for f in self.record.findings])
+                           [f.to_json(self.started) for f in self.record.findings], state.stopped_by)
         write_summary(self.plan, result)
         self.monitors.finish(result)
         return result

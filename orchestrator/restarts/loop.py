@@ -16,7 +16,6 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from inventory import ConfigError, Host, Job, Rendezvous
-from node_agent.layout import STOPPED_BY_DOWN
 from orchestrator.checks.model import CheckStatus
 from orchestrator.errors import HostError, HostsFailed, LaunchBlocked
 from orchestrator.launch import core
@@ -153,9 +152,8 @@ def classify(result: RunResult, job: Job, number: int, previous: Sequence[Attemp
     if result.signal is not None or result.interrupted:
         return Verdict(Failure.STOPPED, "stopped by the user" if result.signal in (None, signal.SIGINT) else
                        f"stopped by {signal.Signals(result.signal).name}")
-    downed = next((r for r in result.hosts if (r.stop_reason or "").startswith(STOPPED_BY_DOWN)), None)
-    if downed is not None:  # someone else's action is not ours to undo
-        return Verdict(Failure.STOPPED, f"{downed.host}: {downed.stop_reason}")
+    if result.stopped_by is not None:  # `ddpctl down`, a signal to torchrun: someone else's action is not ours to undo
+        return Verdict(Failure.STOPPED, result.stopped_by)
     if result.loss is not None:  # on Slurm too: a node it marked failed; every host lost is charged
         lost = lost_hosts(result)
         reason = f"{result.loss.host} lost at {result.loss.when()}: {result.loss.reason}"

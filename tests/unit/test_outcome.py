@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from orchestrator.launch.outcome import FinalState, outcome
+from orchestrator.launch.outcome import EXIT_STOPPED, FinalState, outcome
 from orchestrator.launch.result import HostLoss, HostRun, HostState, RankFailure
 from orchestrator.remote.wire import RankError
 
@@ -24,6 +24,7 @@ def error(host_name: str, message: str = "boom", kind: str = "ValueError", at: f
     return RankFailure(host_name, 0, RankError(0, message, "Traceback ...", at, None, 0, kind))
 
 
+DOWN = "stopped by `ddpctl down` (by root on vm at 11:46:40)"
 PEER_DIED = ("Connection closed by peer", "DistNetworkError")
 
 
@@ -43,6 +44,7 @@ class Case:
     failures: tuple[RankFailure, ...] = ()
     losses: tuple[HostLoss, ...] = ()
     stopped_for: str | None = None  # the host whose failure stopped the job
+    stopped_by: str | None = None  # someone else stopped it (`ddpctl down`), at T0
     states: dict[str, HostState] = field(default_factory=dict)
 
 
@@ -70,9 +72,10 @@ CASES = {
     "a hang on one host: torchrun's code": Case((("a", 143),), 143, hung=True),
     "the watchdog's cause: 1": Case((("a", 143), ("b", 143)), 1, cause="the ranks did not all join"),
     "the watchdog's cause on one host: 1, not torchrun's code": Case((("a", 143),), 1, cause="did not join"),
-    "the scheduler's end: 1, no rank blamed": Case((("a", 0), ("b", 15)), 1, ended_by="DUE TO TIME LIMIT",
+    "the scheduler's end (a time limit): stopped, 3, no rank blamed": Case((("a", 0), ("b", 15)), EXIT_STOPPED,
+                                                                      ended_by="DUE TO TIME LIMIT",
                                                    failures=(error("b"),)),
-    "the scheduler's end on one host: 1": Case((("a", 15),), 1, ended_by="CANCELLED"),
+    "the scheduler's end (a cancel) on one host: stopped, 3": Case((("a", 15),), EXIT_STOPPED, ended_by="CANCELLED"),
     "the scheduler's failed node: the loss names it": Case(
         (("a", 0), ("b", None)), 1, first="b", loss="b", ended_by="NODE_FAIL",
         losses=(HostLoss("b", "NODE_FAIL", T0),)),
@@ -91,6 +94,22 @@ CASES = {
     "the first of several losses": Case(
         (("a", 1), ("b", None), ("c", None)), 1, first="c", loss="c", stopped_for="c",
         losses=(HostLoss("c", "gone", T0), HostLoss("b", "gone", T0 + 1))),
+    "ddpctl down: stopped, 3, and its peers' errors after it are no first failure": Case(
+        (("a", 1), ("b", 143)), EXIT_STOPPED, stopped_for="a", stopped_by=DOWN,
+        failures=(error("a", "Read error ... Connection reset by peer", "RuntimeError", at=T0 + 0.2),
+                  error("b", "Process got signal 15", "SignalException", at=T0 + 0.3))),
+    "ddpctl down: a rank's own error after it is its consequence too": Case(
+        (("a", 1), ("b", 143)), EXIT_STOPPED, stopped_for="a", stopped_by=DOWN, failures=(error("a", at=T0 + 1),)),
+    "ddpctl down after a rank's own error: that error is the first failure": Case(
+        (("a", 1), ("b", 143)), 1, first="a", root="a", stopped_for="a", stopped_by=DOWN,
+        failures=(error("a", at=T0 - 3),)),
+    "ddpctl down after a host was lost: the loss is the cause": Case(
+        (("a", 143), ("b", None)), 1, first="b", loss="b", stopped_for="b", stopped_by=DOWN,
+        losses=(HostLoss("b", "gone", T0 - 3),)),
+    "ddpctl down, every rank exits 0 on SIGTERM: still stopped, 3": Case(
+        (("a", 0), ("b", 0)), EXIT_STOPPED, stopped_by=DOWN),
+    "Ctrl-C and ddpctl down: the signal to up wins, 130": Case(
+        (("a", 143), ("b", 143)), 130, signal=signal.SIGINT, stopped_by=DOWN),
     "interrupted while a host was lost: 130, the loss named": Case(
         (("a", 143), ("b", None)), 130, first="b", loss="b", signal=signal.SIGINT, stopped_for="b",
         losses=(HostLoss("b", "gone", T0),)),
@@ -102,7 +121,8 @@ def test_the_exit_code_and_headline_follow_from_the_final_state(case: Case) -> N
     runs = [host(name, code, node_rank=i) for i, (name, code) in enumerate(case.hosts)]
     by_name = {r.host: r for r in runs}
     state = FinalState(runs, case.signal, case.hung, case.cause, case.ended_by, case.failures, case.losses,
-                       by_name[case.stopped_for] if case.stopped_for else None)
+                       by_name[case.stopped_for] if case.stopped_for else None, case.stopped_by,
+                       T0 if case.stopped_by else None)
     end = outcome(state)
     assert end.exit_code == case.code
     assert (end.first_failure.host if end.first_failure else None) == case.first

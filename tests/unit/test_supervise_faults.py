@@ -42,6 +42,7 @@ from orchestrator.launch.labels import RankLines
 from orchestrator.launch.lanes import Lanes
 from orchestrator.launch.observer import Collected
 from orchestrator.launch.options import LaunchOptions
+from orchestrator.launch.outcome import EXIT_STOPPED
 from orchestrator.launch.plan import LaunchPlan, build_plan
 from orchestrator.launch.result import HostLoss, HostRun, HostState, RankFailure, RunResult
 from orchestrator.remote.wire import RankError, SuperviseResult
@@ -609,7 +610,7 @@ def test_a_job_the_scheduler_ended_names_its_reason_blames_no_rank_and_stops_not
                         Exited("a", 1), Exited("b", 1)])
 
     result, out, backend = run_job(script, tmp_path)
-    assert result.exit_code == 1 and result.ended_by == CANCELLED
+    assert result.exit_code == (1 if lost else EXIT_STOPPED) and result.ended_by == CANCELLED  # a cancel: stopped
     assert backend.stops == []  # the scheduler is ending it: nothing for us to stop
     assert result.root_cause is None  # the rank that died of it is no failure
     assert states(result) == {"a": HostState.STOPPED, "b": HostState.LOST if lost else HostState.STOPPED}
@@ -620,8 +621,8 @@ def test_a_job_the_scheduler_ended_names_its_reason_blames_no_rank_and_stops_not
         assert result.loss is not None and result.loss.host == "b"
         assert lines == [f"first failure: b lost at {result.loss.when()}: {CANCELLED}"]
     else:
-        assert lines == [f"first failure: {CANCELLED}", "  no rank failed: Slurm ended them (their lines are in "
-                                                        "the logs)"]
+        assert lines == [f"stopped: {CANCELLED}", "  no rank failed: Slurm ended them (their lines are in "
+                                                  "the logs)"]
         assert CANCELLED in out.notices
 
 
@@ -635,3 +636,31 @@ def test_a_signal_during_a_submission_lands_once_the_block_ends() -> None:
         reached.append("after the signal")
     assert reached == ["after the signal"] and caught.value.signum == signal.SIGTERM
     assert signal.getsignal(signal.SIGTERM) == before  # the handler is given back
+
+
+# -- a stop from outside: `ddpctl down` from another terminal ------------------------------------------
+
+DOWNED = "stopped by `ddpctl down` (by root on vm at 12:00:00)"
+
+
+def test_ddpctl_down_is_the_headline_and_the_errors_after_it_its_consequences(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """down reached b first; a's rank then lost its peer (before b's report came): no first failure."""
+    at = time.time()
+
+    def script(b: FaultyBackend, emit: Emit) -> None:
+        emit_all(emit, [Started("a"), Started("b"),
+                        phase("a", 0, 0, "error", error=rank_error("Read error: Connection reset by peer",
+                                                                   at=at + 0.1)),
+                        phase("b", 0, 1, "error", error=rank_error("got signal 15", "SignalException", at=at + 0.2)),
+                        Reported("b", SuperviseResult(1, f"{DOWNED}: stopped by the control plane", None, None,
+                                                      None, None, stopped_at=at)),
+                        Exited("b", 1), Exited("a", 1)])
+
+    result, _out, _backend = run_job(script, tmp_path)
+    assert result.exit_code == EXIT_STOPPED and result.stopped_by == DOWNED
+    assert result.root_cause is None and result.first_failure is None
+    assert states(result) == {"a": HostState.STOPPED, "b": HostState.STOPPED}
+    assert summary(result)["stopped_by"] == DOWNED
+    lines = [line for line in print_failure_text(monkeypatch, result).splitlines() if line]
+    assert lines[0] == DOWNED and not any("first failure" in line for line in lines)
