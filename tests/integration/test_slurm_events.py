@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.launch.outcome import EXIT_STOPPED
 from tests.ddpctl_run import wait_for
 from tests.slurm_cluster import SlurmCluster, require_slurm, start_slurm_cluster
 from tests.slurm_run import (
@@ -102,14 +103,15 @@ def test_a_cancel_from_outside_ddpctl_is_named_and_no_rank_is_blamed(slurm_clust
     with attached(c, tmp_path, "cancelled", SLEEP, 2) as (out, proc):
         slurm_id = slurm_record(tmp_path)["slurm_job_id"]
         assert c.slurm("scancel", slurm_id).returncode == 0
-        assert proc.wait(120) == 1, out.read_text()[-4000:]
+        assert proc.wait(120) == EXIT_STOPPED, out.read_text()[-4000:]  # stopped, not failed
     text = out.read_text()
-    headline = re.search(r"first failure: (.*)", text)
+    headline = re.search(r"^stopped: (.*)", text, re.MULTILINE)
     assert headline is not None, text[-4000:]
     assert re.match(rf"Slurm job {slurm_id} was cancelled at \d\d:\d\d:\d\d, not by ddpctl", headline.group(1))
     assert "no rank failed" in text and "first failure: rank" not in text
     data = summary(tmp_path)
-    assert data["exit_code"] == 1 and data["root_cause"] is None and data["ended_by"] == headline.group(1)
+    assert data["exit_code"] == EXIT_STOPPED and data["root_cause"] is None and data["ended_by"] == headline.group(1)
+    assert "first failure" not in text
     assert {h["state"] for h in data["hosts"]} == {"stopped"}  # no node failed: Slurm ended them
     assert active_jobs(c) == []
     wait_for(lambda: job_processes(c) == {}, 30, "the job's processes to go")
