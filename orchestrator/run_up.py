@@ -3,10 +3,11 @@ detached start (with its restart loop, where restarts are asked for), restarts, 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from inventory import ConfigError, Job
+from orchestrator.hostops.runrecord import Reach, new_record, write_record
 from orchestrator.launch import core
 from orchestrator.launch.backends.base import Backend
 from orchestrator.launch.backends.choose import backend_for
@@ -96,6 +97,7 @@ def run_up(job: Job, request: UpRequest, observer: Observer) -> UpOutcome:
     """Do what `request` asks with `job`, reporting progress to `observer`; bad input raises
     ConfigError, a blocked launch LaunchBlocked (ChecksFailed: the pre-launch findings)."""
     check_restartable(job, request)
+    request = replace(request, options=replace(request.options, reach=Reach.of(request.connection)))
     with make_pool(request.connection) as pool:
         runner = backend_for(pool, job)
         if request.dry_run:
@@ -118,7 +120,11 @@ def dry_run(job: Job, runner: Backend, options: LaunchOptions) -> DryRun:
 def detach(job: Job, pool: HostPool, runner: Backend, request: UpRequest,
            observer: Observer) -> Detached | LoopStarted:
     if request.restart_budget(job) > 0:
-        return detached_restarts.start_loop(job, pool, request.argv, Path.cwd())
+        loop = detached_restarts.start_loop(job, pool, request.argv, Path.cwd())
+        write_record(request.options.runs_dir, new_record(
+            loop.run_id, job.name, [h.name for h in job.hosts], job.inventory.source, job.source, runner.name, None,
+            request.options.reach, detached=True))
+        return loop
     return core.detach(job, runner, observer, request.options)
 
 

@@ -91,7 +91,7 @@ def ps_command(
       ddpctl ps -i hosts.toml           # ddpctl jobs on the inventory's hosts
       ddpctl ps --backend slurm --json  # ddpctl's jobs in Slurm's queue, as JSON
     """
-    with job_control(connection, None, backend_name(backend), login, inventory) as control:
+    with job_control(connection, None, backend_name(backend), login, inventory, lookup=job) as control:
         listing = control.ps(job)
     if listing.queue_only:
         print_slurm_jobs(listing.queued or [], as_json)

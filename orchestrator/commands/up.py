@@ -31,6 +31,7 @@ from orchestrator.commands.common import (
     ssh_flags,
 )
 from orchestrator.commands.sync_view import SyncView
+from orchestrator.hostops.runrecord import follow_up
 from orchestrator.launch.faults import DEFAULT_LOST_AFTER, MIN_LOST_AFTER
 from orchestrator.launch.labels import RankLines
 from orchestrator.launch.observer import Pulse, plan_summary
@@ -482,16 +483,10 @@ def print_finished(result: RunResult, nccl_debug: bool) -> int:
     return result.exit_code
 
 
-def inventory_flag(inventory: Path | None) -> str:
-    """What `ddpctl logs/down <id>` need to find a job on its hosts: ` -i <inventory>`, if any."""
-    return f" -i {shlex.quote(str(inventory))}" if inventory is not None else ""
-
-
 def print_loop(loop: LoopStarted, inventory: Path | None) -> None:
-    where = inventory_flag(inventory)
     notice(f"detached: the restart loop of run {loop.run_id} runs on {loop.host} (pid {loop.pid}; its output: "
-           f"{loop.host}:{loop.log}). Follow: ddpctl logs {loop.run_id} -f{where}; stop: ddpctl down "
-           f"{loop.run_id}{where} (the loop first, so nothing is restarted)")
+           f"{loop.host}:{loop.log}). Follow: {follow_up(loop.run_id, inventory)} (down ends the loop first, so "
+           "nothing is restarted)")
 
 
 def print_restarted(run: RestartedRun, nccl_debug: bool) -> int:
@@ -526,7 +521,6 @@ def print_detached(out: Detached) -> int:
         notice(f"detached: submitted Slurm job {out.report.slurm_job_id} ({job_id}). "
                f"Follow: ddpctl logs{where or ' ' + job_id} -f; stop: ddpctl down{where or ' ' + job_id}")
         return 0
-    where = inventory_flag(out.plan.job.inventory.source)
     notice(f"detached: started on {len(out.report.started)} host(s). "
-           f"Follow: ddpctl logs {job_id} -f{where}; stop: ddpctl down {job_id}{where}")
+           f"Follow: {follow_up(job_id, out.plan.job.inventory.source)}")
     return 0 if not out.report.failed else 1

@@ -16,6 +16,7 @@ from inventory.specs import SlurmSpec
 from orchestrator.errors import HostError
 from orchestrator.hostops import slurm_jobs
 from orchestrator.hostops.jobs import JobAbsent, LogSink, down_absent, job_logs, logs_absent, running_jobs, stop_job
+from orchestrator.hostops.runrecord import find_record
 from orchestrator.hostops.stacks import StacksReport, collect, stacks_absent
 from orchestrator.hostops.targets import BackendName, hosts_target, require_job_file, slurm_side
 from orchestrator.hostops.top import TopReport, TopSession, collect_slurm
@@ -186,11 +187,18 @@ def in_queue_as(job: QueuedJob, only: str | None) -> bool:
 
 @contextmanager
 def job_control(connection: Connection, job: str | None, backend: BackendName | None, login: str | None,
-                inventory: Path | None) -> Iterator[JobControl]:
-    """The control for the job a command names (None: every ddpctl job): Slurm's for a job.toml
-    with [slurm] (unless backend ssh) or with backend slurm, else its hosts'; over one pool."""
+                inventory: Path | None, lookup: str | None = None) -> Iterator[JobControl]:
+    """The control for the job a command names (None: every ddpctl job; `lookup`: a job id `ps
+    --job` filters on): Slurm's for a job.toml with [slurm] (unless backend ssh) or with backend
+    slurm, else its hosts'; over one pool. A bare job id with neither -i nor --backend is looked
+    up in this machine's run record (runs/<id>/run.json): its hosts, backend and SSH settings."""
     if job is not None:
         require_job_file(job)
+    record = find_record(job if job is not None else lookup) if inventory is None and backend is None else None
+    if record is not None:
+        inventory, connection = record.inventory_path, record.reach.applied_to(connection)
+        backend = "slurm" if record.backend == "slurm" else "ssh"
+        login = login or record.login
     side = slurm_side(job, backend, login, inventory)
     target = hosts_target(job, inventory) if side is None else None
     with make_pool(connection) as pool:

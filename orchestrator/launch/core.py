@@ -9,6 +9,7 @@ from pathlib import Path
 
 from inventory import Job
 from orchestrator.errors import HostsFailed
+from orchestrator.hostops.runrecord import new_record, write_record
 from orchestrator.launch.backends.base import Backend, DetachReport
 from orchestrator.launch.inline import InlineProgram
 from orchestrator.launch.monitor import MonitorFactory, no_monitors
@@ -77,8 +78,17 @@ def launch(job: Job, backend: Backend, observer: Observer, options: LaunchOption
     plan = plan_job(job, backend, options, settle=True, inline=inline, observer=observer, job_id=job_id)
     if attempt is not None:
         plan = replace(plan, run_id=attempt.run_id)
+    record_run(plan, backend, options, detached=False)
     observer.on_plan(plan, options.run_dir_of(plan.job_id))
     return run_plan(plan, backend, observer, options, monitors)
+
+
+def record_run(plan: LaunchPlan, backend: Backend, options: LaunchOptions, detached: bool) -> None:
+    """The run record here (orchestrator/hostops/runrecord.py): the id alone finds the job later."""
+    job = plan.job
+    write_record(options.runs_dir, new_record(
+        plan.run_id or plan.job_id, job.name, [hl.host.name for hl in plan.hosts], job.inventory.source, job.source,
+        backend.name, job.slurm.login if job.slurm is not None else None, options.reach, detached))
 
 
 @dataclass(frozen=True)
@@ -101,5 +111,6 @@ def detach(job: Job, backend: Backend, observer: Observer, options: LaunchOption
     options = options or LaunchOptions()
     sync_code(job, backend, observer, options)
     plan = plan_job(job, backend, options, settle=True, observer=observer)
+    record_run(plan, backend, options, detached=True)
     observer.on_plan(plan, options.run_dir_of(plan.job_id))
     return Detached(plan, backend.detach(plan, options))

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from orchestrator.hostops.runrecord import follow_up
 from orchestrator.launch.labels import RankLines
 from orchestrator.launch.plan import LaunchPlan
 from orchestrator.launch.progress import Status
@@ -120,9 +121,12 @@ class Pulse:
 
 
 def plan_summary(plan: LaunchPlan, run_dir: Path) -> str:
+    """The plan in one line; at a run's first launch, the commands that follow it, on a second."""
     nprocs = sorted({hl.nproc for hl in plan.hosts})
+    first = plan.run_id is None or plan.job_id == f"{plan.run_id}.0"
+    then = f"\n  follow: {follow_up(plan.run_id or plan.job_id, plan.job.inventory.source)}" if first else ""
     if plan.job.slurm is not None:
         return (f"job {plan.job_id}: Slurm, {len(plan.hosts)} node(s) × nproc {nprocs[0]}, world size "
-                f"{plan.world_size}, rendezvous on the allocation's first node; logs in {run_dir}")
+                f"{plan.world_size}, rendezvous on the allocation's first node; logs in {run_dir}{then}")
     return (f"job {plan.job_id}: {len(plan.hosts)} host(s) × nproc {nprocs}, world size {plan.world_size}, "
-            f"master {plan.master_addr}:{plan.master_port}; logs in {run_dir}")
+            f"master {plan.master_addr}:{plan.master_port}; logs in {run_dir}{then}")

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
+
+from orchestrator.hostops.runrecord import Reach
 
 OnHang = Literal["report", "stop"]
 
@@ -26,6 +28,7 @@ class LaunchOptions:
     # [supervise] lost_after, else the fault model's default: orchestrator/launch/faults.py)
     join_timeout: float | None = None  # ranks not all joined after this long: diagnose and stop
     # (None: the job file's [rendezvous] join_timeout; 0: no watchdog)
+    reach: Reach = field(default_factory=Reach)  # the SSH settings, kept in the run record for later commands
 
     def run_dir_of(self, job_id: str) -> Path:
         """Where a launch with this job id keeps its logs, summary.json and backend records."""
