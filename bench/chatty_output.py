@@ -188,6 +188,13 @@ class RunOut:
     cpu_s: float | None = None
     checks: dict[str, Tally] = field(default_factory=dict)
     relay: dict[str, int] = field(default_factory=dict)  # ddpctl: stdout vs host log, lines not shared
+    host_bytes: int | None = None  # ddpctl: what the run left in the hosts' ~/.ddpctl/runs/<job id>
+    here_bytes: int | None = None  # ... and in runs/<job id> here
+
+
+def tree_bytes(path: Path) -> int:
+    """Bytes of the files under `path` (0 where it is gone)."""
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
 
 
 class Runner:
@@ -228,6 +235,9 @@ class Runner:
             out.checks[f"{h.name}.log"] = (tally_torchrun(text_lines(log), mine, n, w, i, nproc) if log.exists()
                                            else Tally(mine, n, w))
         out.relay = relay_diff(self.tmp / f"{name}.out", logs, label, nproc, [h.name for h in self.cluster.hosts])
+        # the hosts share this machine's home (the cluster's default): their run state is readable here
+        out.host_bytes = tree_bytes(Path.home() / ".ddpctl" / "runs" / (job_id or "?"))
+        out.here_bytes = tree_bytes(runs / (job_id or "?"))
         return out
 
     def manual(self) -> RunOut:
@@ -317,6 +327,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  ddpctl {k:<14} {len(ts) - len(bad)}/{len(ts)} runs complete and in order"
               + (f"; worst: {max(bad, key=lambda t: t.missing + t.duplicates + t.out_of_order).report()}"
                  if bad else ""))
+    kept = [(r.host_bytes, r.here_bytes) for r in d_runs if r.host_bytes is not None]
+    if kept:
+        print(f"  bytes kept            on the hosts {median([float(h) for h, _ in kept]) or 0:,.0f} "
+              f"(~/.ddpctl/runs/<job id>, all hosts), here {median([float(h or 0) for _, h in kept]) or 0:,.0f} "
+              "(runs/<job id>)")
     relay_bad = sum(any(r.relay.values()) for r in d_runs)
     print(f"  ddpctl stdout = logs  {len(d_runs) - relay_bad}/{len(d_runs)} runs (stdout relays every host log line, "
           "in order)")

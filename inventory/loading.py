@@ -23,12 +23,13 @@ from inventory.fields import (
 from inventory.gpus import VISIBLE, same_devices, show, visible_devices
 from inventory.hostfile import load_hostfile
 from inventory.hostrange import expand_hostnames, is_range_pattern
-from inventory.model import GpuSpec, Host, Inventory
+from inventory.model import DEFAULT_KEEP_RUNS, MAX_KEEP_RUNS, GpuSpec, Host, Inventory
 from inventory.tomlsource import TomlFile, directory_error, join_key, read_toml
 
 INVENTORY_KEYS = ("defaults", "hosts")
-DEFAULT_KEYS = ("user", "port", "python", "workdir", "gpus", "env")
-HOST_KEYS = ("name", "address", *DEFAULT_KEYS, "slots", "spare")
+SHARED_KEYS = ("user", "port", "python", "workdir", "gpus", "env")  # [defaults] and each [[hosts]]
+DEFAULT_KEYS = (*SHARED_KEYS, "keep_runs")  # keep_runs: the inventory's, not a host's
+HOST_KEYS = ("name", "address", *SHARED_KEYS, "slots", "spare")
 
 
 @dataclass(frozen=True)
@@ -70,9 +71,14 @@ def load_inventory(path: Path) -> Inventory:
     doc = read_toml(path, "inventory file")
     check_keys(doc, "", doc.data, INVENTORY_KEYS)
     defaults = HostSettings()
+    keep_runs = DEFAULT_KEEP_RUNS
     if "defaults" in doc.data:
         table = expect_table(doc, "defaults", doc.data["defaults"])
-        defaults = read_settings(doc, "defaults", table, DEFAULT_KEYS)
+        check_keys(doc, "defaults", table, DEFAULT_KEYS)
+        defaults = read_settings(doc, "defaults", {k: v for k, v in table.items() if k != "keep_runs"},
+                                 SHARED_KEYS)
+        if "keep_runs" in table:
+            keep_runs = expect_int(doc, "defaults.keep_runs", table["keep_runs"], 1, MAX_KEEP_RUNS)
     entries = _host_entries(doc)
     hosts: list[Host] = []
     origins: dict[str, str] = {}
@@ -80,7 +86,7 @@ def load_inventory(path: Path) -> Inventory:
         for host in _hosts_of_entry(doc, f"hosts[{i}]", entry, defaults):
             _check_unique(doc, origins, host.name, f"hosts[{i}].name")
             hosts.append(host)
-    return Inventory(hosts=tuple(hosts), source=path)
+    return Inventory(hosts=tuple(hosts), source=path, keep_runs=keep_runs)
 
 
 def _host_entries(doc: TomlFile) -> list[dict[str, Any]]:

@@ -45,10 +45,18 @@ class Host:
 LOCALHOST = Host(name="localhost", address="127.0.0.1", python=sys.executable)
 
 
+# [defaults] keep_runs: the run directories each launch keeps (on every host, and in runs/ here). A
+# run directory holds a run's logs, a few MB for most jobs: 50 is weeks of a few runs a day, a
+# few GB at most for chatty jobs (docs/cluster.md).
+DEFAULT_KEEP_RUNS = 50
+MAX_KEEP_RUNS = 100_000
+
+
 @dataclass(frozen=True)
 class Inventory:
     hosts: tuple[Host, ...]
     source: Path | None = None  # None: the embedded localhost default
+    keep_runs: int = DEFAULT_KEEP_RUNS  # [defaults] keep_runs: see DEFAULT_KEEP_RUNS
 
     def names(self) -> list[str]:
         return [h.name for h in self.hosts]

@@ -25,6 +25,7 @@ OPS: Dict[str, str] = {
     "supervise": "node_agent.supervisor:supervise",
     "ps": "node_agent.jobs:ps",
     "down": "node_agent.jobs:down",
+    "prune": "node_agent.prune:prune",
     "loop": "node_agent.loops:start",
     "logs": "node_agent.jobs:logs",
     "stacks": "node_agent.stacks:dump",

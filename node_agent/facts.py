@@ -359,6 +359,14 @@ def settle_checkpoint(request: Dict[str, Any], result: Dict[str, Any]) -> Option
     return out
 
 
+def fact_prune(req: Dict[str, Any]) -> Dict[str, Any]:
+    """A launch's pruning of the oldest run directories here (node_agent/prune.py), in the round
+    trip it makes anyway."""
+    from node_agent.prune import fact_prune as prune_here
+
+    return prune_here(req)
+
+
 def fact_infiniband(req: Dict[str, Any]) -> List[str]:
     root = "/sys/class/infiniband"
     return sorted(os.listdir(root)) if os.path.isdir(root) else []
@@ -390,7 +398,7 @@ if TYPE_CHECKING:
 
 # Not in doctor's set: doctor reads fact_gpus, and imports torch (fact_torch) where a launch only
 # looks it up (fact_torch_lookup)
-ON_SELECT_ONLY = frozenset({"gpu_count", "torch_lookup"})
+ON_SELECT_ONLY = frozenset({"gpu_count", "torch_lookup", "prune"})
 # Sub-facts that only read this process's state or one small file: run in the agent's own thread
 # while the others (commands, name lookups, torch) run in theirs. Doctor runs this op on every
 # host at once, and a thread costs each host more than one of these does.
@@ -402,6 +410,7 @@ NEEDS: Dict[str, Callable[[Dict[str, Any]], bool]] = {
     "free_port": lambda req: bool(req.get("pick_port")),
     "checkpoint": lambda req: bool((req.get("checkpoint") or {}).get("dir")),
     "ddpctl_lookup": lambda req: bool(req.get("ddpctl_lookup")),  # doctor, for a job with restarts
+    "prune": lambda req: bool(req.get("prune")),  # a launch: [defaults] keep_runs
 }
 
 
@@ -416,6 +425,7 @@ def registry() -> Dict[str, Fact]:
         "hostname_resolution": fact_hostname_resolution, "cpu_count": fact_cpu_count,
         "gpu_count": fact_gpu_count, "script": fact_script, "master_port": fact_master_port,
         "free_port": fact_free_port, "checkpoint": fact_checkpoint, "ddpctl_lookup": fact_ddpctl_lookup,
+        "prune": fact_prune,
     }
 
 

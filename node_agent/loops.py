@@ -79,7 +79,7 @@ def iter_loops(job: str) -> Iterator[Dict[str, Any]]:
             yield data
 
 
-def _is_loop(data: Dict[str, Any]) -> bool:
+def is_loop(data: Dict[str, Any]) -> bool:
     """The pid is still that loop (pids wrap): its command line holds the run id."""
     pid = int(data.get("pid") or 0)
     try:
@@ -93,15 +93,15 @@ def stop(job: str) -> List[Dict[str, Any]]:
     """SIGTERM every running loop of `job` here and wait for it to end (SIGKILL after STOP_WAIT_S)."""
     stopped = []
     for data in iter_loops(job):
-        if not _is_loop(data):
+        if not is_loop(data):
             continue
         pid = int(data["pid"])
         os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + STOP_WAIT_S
-        while _is_loop(data) and time.monotonic() < deadline:
+        while is_loop(data) and time.monotonic() < deadline:
             time.sleep(0.1)
         how = "SIGTERM"
-        if _is_loop(data):
+        if is_loop(data):
             os.kill(pid, signal.SIGKILL)
             how = "SIGKILL"
         stopped.append({"job_id": "restart loop of %s" % data.get("run_id"), "terminated": [pid],

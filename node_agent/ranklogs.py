@@ -6,6 +6,7 @@ at the moment a rank is half-way through writing it, and it stops when its own p
 stopped, losing what the ranks wrote last. Read here, a line is passed on only once whole (a piece
 that waits longer than PARTIAL_S goes as it is: a progress bar without newlines still shows), and
 after torchrun has ended the files are read to their end: a stopped job's last lines arrive too.
+Then they are removed (`discard`): the node's output.log holds every line, once.
 Standard library only, Python >= 3.8.
 """
 
@@ -27,10 +28,12 @@ ROLE = "default"  # torchrun's worker role: its --tee prefix is "[default<local 
 
 class _File:
     def __init__(self, path: str, prefix: bytes) -> None:
+        self.path = path
         self.fd = os.open(path, os.O_RDONLY)
         self.prefix = prefix
         self.partial = b""
         self.partial_since = 0.0
+        self.done = False  # read to its very end after torchrun exited: every line handed on
 
     def read(self, final: bool) -> bytes:
         """Whole new lines, prefixed; with `final`, the unfinished last one too."""
@@ -87,15 +90,34 @@ class RankLogs:
         if final or time.monotonic() - self.last_scan >= SCAN_S:
             self._scan()
         out: List[bytes] = []
+        read: List[_File] = []
         for f in self.files.values():
             try:
                 data = f.read(final)
             except OSError:
                 continue
+            read.append(f)
             if data:
                 out.append(data)
         if out:
             self.write(b"".join(out))
+        for f in read if final else ():
+            f.done = True
+
+    def discard(self) -> int:
+        """Once the final poll has handed every line on (the node's log holds them now): remove the
+        rank files read to their end, so that a host keeps a job's output once. torchrun's
+        error.json beside them stays. The bytes freed."""
+        freed = 0
+        for f in self.files.values():
+            if not f.done:
+                continue
+            try:
+                freed += os.fstat(f.fd).st_size
+                os.unlink(f.path)
+            except OSError:
+                continue
+        return freed
 
     def close(self) -> None:
         for f in self.files.values():

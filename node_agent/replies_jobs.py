@@ -81,3 +81,30 @@ class LogEvent:
     text: str
     times: Tuple[Tuple[int, float], ...]
     labels: Tuple[Tuple[int, Optional[str]], ...]
+
+
+@dataclass(frozen=True)
+class PrunedRun:
+    """One run directory the prune op removed (or, a dry run, would remove)."""
+
+    name: str  # the directory's name under the state root's runs/: the job id
+    bytes: int
+    age_s: float  # since its newest entry was written
+
+
+@dataclass(frozen=True)
+class PruneReport:
+    """The prune op's answer (and the facts op's `prune` sub-fact, at a launch): what it removed of
+    the run directories under `root`, what it kept."""
+
+    root: str
+    removed: Tuple[PrunedRun, ...]
+    kept: int  # run directories left (ddpctl's; with a dry run, those it would leave)
+    running: Tuple[str, ...]  # the runs (run or job ids) kept because they still run here
+    foreign: int = 0  # entries ddpctl did not write (or cannot tell it did): left alone
+    errors: Tuple[str, ...] = ()  # "<name>: <error>" for a directory that could not be removed
+    dry_run: bool = False
+
+    @property
+    def removed_bytes(self) -> int:
+        return sum(r.bytes for r in self.removed)

@@ -320,7 +320,8 @@ class Supervisor:
         """Every RANK_POLL_S while torchrun runs: each rank's output from the files torchrun writes
         it to (node_agent/ranklogs.py), then, wrapped, its milestone files (a failed rank's
         traceback is in its file before its error record is: it reaches the log first). After
-        torchrun has ended, the output files to their end."""
+        torchrun has ended, the output files to their end; then they are removed, the log
+        holding every line (torchrun's error.json files stay for rank_errors)."""
         ranks = RankLogs(str(self.dir / "torchrun"), self.append)
         try:
             while self.proc is not None and self.proc.poll() is None:
@@ -329,6 +330,10 @@ class Supervisor:
                     self.scan_ranks()
                 time.sleep(RANK_POLL_S)
             ranks.poll(final=True)
+            with self.log_lock:
+                kept = not self.log.closed  # else append() dropped the last lines: the files stay
+            if kept:
+                ranks.discard()  # the node's log holds every line now: the output is kept once
         finally:
             ranks.close()
 

@@ -30,6 +30,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "top": ("top", "top_command"),
     "ssh-setup": ("ssh_setup", "ssh_setup_command"),
     "sync": ("sync", "sync_command"),
+    "prune": ("prune", "prune_command"),
 }
 
 

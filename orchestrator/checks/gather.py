@@ -36,7 +36,8 @@ ENV_PREFIXES = ("NCCL_", "GLOO_", "TORCH_", "MASTER_")
 
 
 def facts_request(ctx: DoctorContext, host: Host, probe: bool,
-                  select: Sequence[str] | None = None, hold: bool = False) -> dict[str, Any]:
+                  select: Sequence[str] | None = None, hold: bool = False,
+                  extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The facts op's request for one host: doctor's whole set, or the `select`ed sub-facts (the
     launch); with `probe`, listeners for the TCP probe (the master also on the master port).
     master_port None ("auto"): the master picks a free port instead. `hold`: after the facts the
@@ -71,6 +72,7 @@ def facts_request(ctx: DoctorContext, host: Host, probe: bool,
                             "timeout": ctx.timeout_s * 2}
     if hold:
         request.update(then="supervise", hold_s=ctx.timeout_s * 2)
+    request.update(extra or {})  # a launch's own inputs (`prune`: launch/preflight.py)
     return request
 
 
@@ -132,7 +134,7 @@ class ProbeRound:
 
 def open_sessions(pool: HostPool, ctx: DoctorContext, probe: bool,
                   select: Sequence[str] | None = None, hold: bool = False,
-                  job_holds_master: bool = False) -> FanOut[Opened]:
+                  job_holds_master: bool = False, extra: Mapping[str, Any] | None = None) -> FanOut[Opened]:
     """Start the facts op on every host in parallel and wait for each one's facts (`hold`: the
     sessions then wait for a START, see facts_request). With `probe` the CONNECT round goes out
     as soon as every host has listened (ProbeRound); run_probe collects its results."""
@@ -146,7 +148,7 @@ def open_sessions(pool: HostPool, ctx: DoctorContext, probe: bool,
             sent = time.time()
             deadline = time.monotonic() + ctx.timeout_s
             session = Session(host.name, start_agent(transport, "facts",
-                                                     facts_request(ctx, host, probe, select, hold)))
+                                                     facts_request(ctx, host, probe, select, hold, extra)))
             threading.Thread(target=session.pump, daemon=True).start()
             try:
                 if rounds is not None:

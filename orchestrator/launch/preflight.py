@@ -1,7 +1,8 @@
 """Before launch: one agent session per host (doctor's facts op and its TCP probe, with a
 narrower selection) resolves nproc and the master port, and runs the doctor checks that predict
 a failed or hung rendezvous, or ranks that cannot start (no torch). An error finding stops the
-launch before any rank starts; stale holders of the master port are freed. A launch holds the
+launch before any rank starts; stale holders of the master port are freed; the oldest run
+directories are pruned, on the hosts in the same round trip ([defaults] keep_runs). A launch holds the
 sessions open: each host's torchrun then starts in the session that checked it (one SSH session
 per host, the agent shipped once)."""
 
@@ -10,10 +11,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from inventory import ConfigError, Host, Job
 from inventory.fields import is_ip_address
 from inventory.gpus import declared_gpus, selection
+from node_agent.replies_jobs import PruneReport
 from orchestrator.checks.addressing import Addressing, PickedInterfaces, is_loopback
 from orchestrator.checks.context import from_job
 from orchestrator.checks.gather import (
@@ -27,6 +30,15 @@ from orchestrator.checks.master_port import Holder, port_verdict
 from orchestrator.checks.model import CheckStatus, Finding, Observations, ProbeResults
 from orchestrator.checks.registry import run_checks
 from orchestrator.errors import HostError, HostErrorKind, HostsFailed, LaunchBlocked
+from orchestrator.hostops.prune import (
+    HERE,
+    decode_report,
+    launch_request,
+    prune_here,
+    running_on,
+    summary,
+    where_text,
+)
 from orchestrator.launch.plan import Nproc
 from orchestrator.remote.agent import call_agent
 from orchestrator.remote.pool import HostPool
@@ -80,20 +92,34 @@ class Preflight:
         return [f for f in self.findings if f.status == CheckStatus.WARN]
 
 
-def gather(job: Job, pool: HostPool, checks: bool = True, hold: bool = False) -> Preflight:
+@dataclass(frozen=True)
+class PruneAsk:
+    """A launch prunes old run directories in this round trip ([defaults] keep_runs): on every host
+    (the facts op's `prune` sub-fact) and here in `runs_dir`; one line per place goes to `notice`."""
+
+    runs_dir: Path
+    notice: Callable[[str], None]
+
+
+def gather(job: Job, pool: HostPool, checks: bool = True, hold: bool = False,
+           prune: PruneAsk | None = None) -> Preflight:
     """Every host's launch facts in one agent session per host, and (checks) the TCP probe of the
     master port and between the hosts, then the launch checks. A host that cannot be reached, a
     missing interpreter or (without checks) a missing workdir stops here. `hold`: when all is
     well the sessions stay open, each waiting to start its host's torchrun (`sessions`); else,
-    and whatever stops the launch, they are closed."""
+    and whatever stops the launch, they are closed. `prune`: the oldest run directories go too."""
     started = time.monotonic()
     ctx = from_job(job, timeout_s=FACTS_TIMEOUT_S)
     probe = checks and len(job.hosts) > 1
-    fan = open_sessions(pool, ctx, probe, launch_facts(job, checks), hold)
+    extra = {"prune": launch_request(job.inventory.keep_runs, prune.runs_dir)} if prune is not None else None
+    select = launch_facts(job, checks) + (("prune",) if prune is not None else ())
+    fan = open_sessions(pool, ctx, probe, select, hold, extra=extra)
     sessions = {name: o.session for name, o in fan.succeeded.items()}
     gathered = time.monotonic()
     keep = False
     try:
+        if prune is not None:
+            report_pruned(job, {name: o.facts for name, o in fan.succeeded.items()}, prune)
         if fan.failed:
             raise HostsFailed("pre-flight", list(fan.failed.values()))
         probes = run_probe(ctx, fan.succeeded) if probe else ProbeResults()
@@ -118,6 +144,27 @@ def gather(job: Job, pool: HostPool, checks: bool = True, hold: bool = False) ->
     finally:
         if not keep:
             close_all(list(sessions.values()))  # also frees the probe's listeners
+
+
+def report_pruned(job: Job, facts: Mapping[str, HostFacts], ask: PruneAsk) -> None:
+    """Each host's pruning in one line (a host that could not prune: a warning, never a stop), then
+    this machine's runs/, judged with what the hosts run."""
+    reports: dict[str, PruneReport] = {}
+    for name, hf in facts.items():
+        if hf.errors.get("prune"):
+            ask.notice(f"warning: old runs on {name} were not pruned: {hf.errors['prune']}")
+            continue
+        try:
+            reports[name] = decode_report(name, hf.facts.get("prune"))
+        except HostError as exc:
+            ask.notice(f"warning: old runs on {name} were not pruned: {exc.message}")
+    here = prune_here(ask.runs_dir, max(job.inventory.keep_runs - 1, 0), running_on(reports))
+    for name, report in [*reports.items(), (HERE, here)]:
+        line = summary(name, report)
+        if line is not None:
+            ask.notice(line)
+        for error in report.errors:
+            ask.notice(f"warning: {where_text(name, report)}, {error}")
 
 
 def needs_hosts(job: Job) -> bool:

@@ -39,6 +39,7 @@ from orchestrator.launch.options import LaunchOptions
 from orchestrator.launch.plan import HostLaunch, LaunchPlan
 from orchestrator.launch.preflight import (
     Preflight,
+    PruneAsk,
     gather,
     needs_hosts,
     resolve_nprocs,
@@ -104,7 +105,8 @@ class SshBackend:
         static = static_nprocs(job) if not settle and isinstance(port, int) and not needs_hosts(job) else None
         if static is not None and isinstance(port, int):
             return Resolved(static, port)  # a dry run needs no host
-        pre = gather(job, self.pool, checks=settle and options.checks, hold=settle)
+        pre = gather(job, self.pool, checks=settle and options.checks, hold=settle,
+                     prune=PruneAsk(options.runs_dir, notice) if settle else None)
         with self.lock:
             self.held = dict(pre.sessions)
         try:
