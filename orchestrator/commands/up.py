@@ -474,7 +474,7 @@ def print_finished(result: RunResult, nccl_debug: bool) -> int:
     verdict = "succeeded" if result.exit_code == 0 else f"failed (exit {result.exit_code})"
     if result.signal is not None and result.signal != signal.SIGINT:
         verdict = f"stopped on every host by {signal.Signals(result.signal).name} (exit {result.exit_code})"
-    elif result.exit_code == EXIT_STOPPED:
+    elif result.exit_code == EXIT_STOPPED or (result.stopped_by and result.root_cause is None and not result.loss):
         by = result.stopped_by or f"stopped: {result.ended_by}"
         verdict = f"{by} (exit {result.exit_code})"
     report = result.run_dir / "report.html"

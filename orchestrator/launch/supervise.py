@@ -5,8 +5,10 @@ plug into it; it imports none, and knows nothing of SSH or Slurm."""
 
 from __future__ import annotations
 
+import getpass
 import json
 import signal
+import socket
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -113,6 +115,9 @@ class Supervision:
     def _interrupted(self, exc: KeyboardInterrupt) -> None:
         signum = exc.signum if isinstance(exc, StopSignal) else int(signal.SIGINT)
         self.record.signals.append(signum)
+        if not self.stopping and self.record.stopped_by is None:  # the stop itself, not a hurry for one under way
+            self.record.stopped_at = time.time()
+            self.record.stopped_by = signalled(signum, self.record.stopped_at)
         if len(self.record.signals) > 1:
             self.stop_all(True, "interrupted again: killing the job on every host")
         elif signum != signal.SIGINT:
@@ -369,3 +374,11 @@ class Supervision:
         write_summary(self.plan, result)
         self.monitors.finish(result)
         return result
+
+
+def signalled(signum: int, at: float) -> str:
+    """The headline of a signal to `up`: Ctrl-C comes from the user at its terminal; another
+    signal's sender is unknown (a signal handler is not told it)."""
+    if signum == signal.SIGINT:
+        return f"stopped by Ctrl-C (by {getpass.getuser()} on {socket.gethostname()} at {clock(at)})"
+    return f"stopped by {signal.Signals(signum).name} to `up` (at {clock(at)})"

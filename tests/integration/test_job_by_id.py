@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from orchestrator.launch.outcome import EXIT_STOPPED
 from tests.cluster import Cluster
+from tests.cluster_files import write_hosts_toml
 from tests.ddpctl_run import ddpctl_argv, run_ddpctl, ssh_args, wait_for
 from tests.integration.test_restarts import NEVER, finish, job_file
 
@@ -39,6 +41,10 @@ def test_the_id_up_printed_is_all_a_later_command_needs(cluster2: Cluster, tmp_p
         assert top.returncode == 0 and "node0" in top.stdout and "node1" in top.stdout, top.stdout + top.stderr
         stacks = run_ddpctl("stacks", job_id, cwd=tmp_path)
         assert stacks.returncode == 0 and "ranks 0–1: main in resumable.py" in stacks.stdout, stacks.stdout
+        one = tmp_path / "node0 'only'.toml"  # an explicit -i wins over the record: node0 alone
+        write_hosts_toml(one, [(cluster2.hosts[0].name, cluster2.hosts[0].address)], sys.executable)
+        ps0 = run_ddpctl("ps", "--job", job_id, "-i", str(one), *ssh_args(cluster2), cwd=tmp_path)
+        assert ps0.returncode == 0 and "node0" in ps0.stdout and "node1" not in ps0.stdout, ps0.stdout + ps0.stderr
         elsewhere = run_ddpctl("logs", job_id, cwd=tmp_path.parent)  # no record there: this machine only
         assert elsewhere.returncode == 1 and "checked 1 host: localhost" in elsewhere.stderr, elsewhere.stderr
         down = run_ddpctl("down", job_id, cwd=tmp_path)

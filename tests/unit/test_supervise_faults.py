@@ -561,6 +561,7 @@ def test_a_stop_signal_stops_the_job_as_ctrl_c_does_and_up_exits_128_plus_it(
     assert f"`up` exits {128 + signum}" in notice
     assert states(result) == {"a": HostState.STOPPED, "b": HostState.STOPPED}
     assert summary(result)["signal"] == signum
+    assert re.fullmatch(rf"stopped by {signum.name} to `up` \(at \d\d:\d\d:\d\d\)", str(summary(result)["stopped_by"]))
     assert signal.getsignal(signum) is before
 
 
@@ -664,3 +665,27 @@ def test_ddpctl_down_is_the_headline_and_the_errors_after_it_its_consequences(
     assert summary(result)["stopped_by"] == DOWNED
     lines = [line for line in print_failure_text(monkeypatch, result).splitlines() if line]
     assert lines[0] == DOWNED and not any("first failure" in line for line in lines)
+
+
+def test_ctrl_c_is_the_headline_with_who_and_when_and_the_errors_after_it_its_consequences(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Ctrl-C to `up`: a's rank then loses its peer on b (gloo's 'Connection reset by peer'): no first
+    failure, the stop is the headline, and `up` still exits 130."""
+    observer = RunningObserver(2)
+
+    def script(b: FaultyBackend, emit: Emit) -> None:
+        emit_all(emit, [Started("a"), Started("b")])
+        assert observer.running.wait(5)
+        os.kill(os.getpid(), signal.SIGINT)
+        assert b.stopped.wait(5)
+        emit_all(emit, [phase("a", 0, 0, "error", error=rank_error("Read error: Connection reset by peer")),
+                        Exited("a", 1), Exited("b", 130)])
+
+    result, _out, _backend = run_job(script, tmp_path, observer=observer)
+    assert result.exit_code == 130 and result.signal == signal.SIGINT
+    assert result.root_cause is None and result.first_failure is None
+    assert re.fullmatch(r"stopped by Ctrl-C \(by \S+ on \S+ at \d\d:\d\d:\d\d\)", result.stopped_by or ""), \
+        result.stopped_by
+    assert summary(result)["stopped_by"] == result.stopped_by
+    lines = [line for line in print_failure_text(monkeypatch, result).splitlines() if line]
+    assert lines[0] == result.stopped_by and not any("first failure" in line for line in lines)
