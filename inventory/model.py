@@ -107,6 +107,8 @@ class WatchSpec:
     hang_after: float = 60.0  # no rank stepped for max(this, 5 x the p95 step time): a hang
     pulse: float = 30.0  # seconds between two progress lines when stdout is not a terminal
     straggler_threshold: float = 0.10  # a rank this much slower than the others is named
+    straggler_warmup: float = 30.0  # seconds after the first step in which no straggler is named
+    straggler_recovery: float = 15.0  # a named rank back under half the threshold this long is back to pace
     sample_every: float = 10.0  # seconds between two samples of each node's GPUs, CPU and memory (0: none)
     gpu_idle_after: float = 120.0  # a GPU of the job idle this long while it steps is a finding
 

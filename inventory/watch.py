@@ -9,7 +9,8 @@ from inventory.fields import check_keys, expect_int, expect_table
 from inventory.model import WatchSpec
 from inventory.tomlsource import Reporter
 
-WATCH_KEYS = ("total_steps", "hang_after", "pulse", "straggler_threshold", "sample_every", "gpu_idle_after")
+WATCH_KEYS = ("total_steps", "hang_after", "pulse", "straggler_threshold", "straggler_warmup", "straggler_recovery",
+              "sample_every", "gpu_idle_after")
 MAX_SECONDS = 7 * 24 * 3600
 
 
@@ -23,6 +24,8 @@ def read_watch(doc: Reporter, value: object) -> WatchSpec:
         hang_after=_number(doc, table, "hang_after", default.hang_after, 1, MAX_SECONDS),
         pulse=_number(doc, table, "pulse", default.pulse, 1, MAX_SECONDS),
         straggler_threshold=_number(doc, table, "straggler_threshold", default.straggler_threshold, 0.01, 10.0),
+        straggler_warmup=_number(doc, table, "straggler_warmup", default.straggler_warmup, 0, MAX_SECONDS),
+        straggler_recovery=_number(doc, table, "straggler_recovery", default.straggler_recovery, 0, MAX_SECONDS),
         sample_every=_number(doc, table, "sample_every", default.sample_every, 0, 3600),
         gpu_idle_after=_number(doc, table, "gpu_idle_after", default.gpu_idle_after, 1, MAX_SECONDS),
     )

@@ -5,8 +5,9 @@ real hosts with no change to how ddpctl runs it.
 Each step: `load_batch` (the input side) sleeps half of --step-ms, a gradient hook (the compute
 side, inside backward) sleeps the other half, each jittered by +-(--noise); then the optimizer
 step and an all_reduce of the loss (a metric, as real scripts log one).
-- --slow-rank R --slow-ms M --slow-side input|compute: from step --slow-after on, rank R spends M
-  ms more per step in `load_batch` (input) or in its gradient hook (compute).
+- --slow-rank R --slow-ms M --slow-side input|compute: from step --slow-after on (until step
+  --slow-until, if given), rank R spends M ms more per step in `load_batch` (input) or in its
+  gradient hook (compute).
 - --hang-rank R --hang-at S --hang-how sleep|stop|skip: at step S rank R sleeps forever in
   `load_batch` ("sleep"), stops itself with SIGSTOP ("stop"), or skips the loss all_reduce and
   then waits forever for a file no one writes ("skip": the others wait in that all_reduce).
@@ -37,6 +38,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--slow-ms", type=float, default=0.0)
     p.add_argument("--slow-side", choices=("input", "compute"), default="input")
     p.add_argument("--slow-after", type=int, default=0, help="the step the slowdown starts at")
+    p.add_argument("--slow-until", type=int, default=-1, help="the step the slowdown ends at (-1: never)")
     p.add_argument("--hang-rank", type=int, default=-1)
     p.add_argument("--hang-at", type=int, default=-1)
     p.add_argument("--hang-how", choices=("sleep", "stop", "skip"), default="sleep")
@@ -55,7 +57,8 @@ class Pace:
 
     def half(self, side: str) -> float:
         base = self.args.step_ms / 2 * (1 + self.random.uniform(-self.args.noise, self.args.noise))
-        slow = self.rank == self.args.slow_rank and self.step >= self.args.slow_after and self.args.slow_side == side
+        slow = self.rank == self.args.slow_rank and self.args.slow_side == side and self.step >= self.args.slow_after \
+            and (self.args.slow_until < 0 or self.step < self.args.slow_until)
         return (base + (self.args.slow_ms if slow else 0.0)) / 1000
 
 

@@ -1,6 +1,7 @@
 """One running job, seen from its ranks' step records: progress (step, steps/s, step time, ETA),
-the straggler, a stall (no rank stepped for max(hang_after, 5 x the p95 step time)), and the
-findings, kept for summary.json and the report at the end (report.json, report.html).
+stragglers (each from when it slowed to when it is back to pace), a stall (no rank stepped for
+max(hang_after, 5 x the p95 step time)), and the findings, kept for summary.json and the report at
+the end (report.json, report.html).
 
 Its monitor (orchestrator/watch/progress.py) feeds it the core's events and asks it on the core's
 timer; it decides nothing about the job's fate."""
@@ -16,10 +17,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from inventory.model import WatchSpec
-from orchestrator.launch.monitor import Finding
+from orchestrator.launch.monitor import Finding, Span
 from orchestrator.launch.progress import Status, duration
 from orchestrator.remote.wire import HostSample, RankPhase, StepWindow
-from orchestrator.watch.straggler import Comparison, RankWindow, StragglerWatch
+from orchestrator.watch.straggler import BackToPace, RankWindow, Slowed, StragglerWatch
 
 STALL_P95_FACTOR = 5.0  # a stall is max(hang_after, this x the p95 step time) without a step
 POINTS = 4000  # throughput points, per-rank windows and host samples kept (then thinned, halving the resolution)
@@ -76,8 +77,10 @@ class Watch:
     def __init__(self, spec: WatchSpec) -> None:
         self.spec = spec
         self.started = time.time()
+        self.wall_offset = self.started - time.monotonic()  # time.monotonic() + this: time.time()
         self.ranks: dict[tuple[str, int], RankHistory] = {}
-        self.stragglers = StragglerWatch(spec.straggler_threshold)
+        self.stragglers = StragglerWatch(spec.straggler_threshold, spec.straggler_warmup, spec.straggler_recovery)
+        self.episodes: dict[tuple[str, int], Span] = {}  # (host, local rank) -> its straggler finding's span
         self.findings: list[Finding] = []
         self.throughput: list[dict[str, float]] = []
         self.last_step_at: float | None = None  # time.monotonic() a rank's count last grew
@@ -104,7 +107,7 @@ class Watch:
             self.total = phase.total
         if phase.window is not None:
             history.add(phase.window)
-            self.stragglers.observe(RankWindow(host, phase.local_rank, history.rank, phase.window))
+            self.stragglers.observe(RankWindow(host, phase.local_rank, history.rank, phase.window), now)
 
     def on_sample(self, host: str, sample: HostSample, now: float | None = None) -> list[Finding]:
         """A node's sample: kept for the report; an idle GPU or creeping memory is a finding."""
@@ -168,8 +171,11 @@ class Watch:
         return found
 
     def host_lost(self, host: str, why: str) -> None:
-        """A host the job lost: a finding, and no longer part of the straggler's rounds."""
+        """A host the job lost: a finding, and no longer part of the straggler's rounds (a straggler
+        on it stays unended)."""
         self.stragglers.forget(host)
+        for key in [k for k in self.episodes if k[0] == host]:
+            del self.episodes[key]
         self.add(Finding("host lost", f"host lost: {host}: {why}", time.time(), host=host))
 
     def add(self, finding: Finding) -> None:
@@ -180,15 +186,29 @@ class Watch:
         return max((h.step for h in self.ranks.values()), default=None)
 
     # -- on the supervision's timer ---------------------------------------------------------
-    def check(self) -> list[Finding]:
-        """New findings since the last call (the straggler), each said once; a throughput point."""
+    def check(self, now: float | None = None) -> list[str]:
+        """What to say now: a straggler named (a new finding), or one back to pace (its finding's
+        end); and a throughput point."""
+        now = time.monotonic() if now is None else now
         self._point()
-        found: Comparison | None = self.stragglers.check()
-        if found is None:
-            return []
-        finding = Finding("straggler", found.text(), time.time(), found.slow.rank, found.slow.host, self.step)
-        self.findings.append(finding)
-        return [finding]
+        said = []
+        for change in self.stragglers.check(now):
+            said.append(self._slowed(change, now) if isinstance(change, Slowed) else self._back(change))
+        return said
+
+    def _slowed(self, slowed: Slowed, now: float) -> str:
+        found = slowed.comparison
+        span = Span(slowed.since + self.wall_offset)
+        self.episodes[found.slow.key] = span
+        self.findings.append(Finding("straggler", found.text(), now + self.wall_offset, found.slow.rank,
+                                     found.slow.host, self.step, span))
+        return found.text()
+
+    def _back(self, back: BackToPace) -> str:
+        span = self.episodes.pop(back.slow.key, None)
+        if span is not None:
+            span.end = back.until + self.wall_offset
+        return back.text()
 
     def stall_limit(self) -> float:
         p95s = [h.windows[-1].p95_ms for h in self.ranks.values() if h.windows]

@@ -50,7 +50,7 @@ class ProgressWatch(Quiet):
         return [*self._keep(), *(Say(f.text) for f in said)]
 
     def on_tick(self, job: JobView) -> Sequence[Action]:
-        actions: list[Action] = [Say(f.text) for f in self.watch.check()]
+        actions: list[Action] = [Say(text) for text in self.watch.check()]
         status = self.watch.status()
         if status is not None:
             actions.append(ShowProgress(status))

@@ -24,6 +24,7 @@ MAX_MARKERS = 200  # finding markers on the throughput chart
 ROW = 18  # pixels per rank in the step-time chart
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22")
 CPU_COLOUR = "#555555"
+END_COLOUR = "#2ca02c"  # a finding's end on the throughput chart (a straggler back to pace)
 KIND_COLOURS = {"straggler": "#d62728", "hang": "#7f0000", "gpu idle": "#ff7f0e",
                 "memory creeping": "#9467bd", "host lost": "#111111"}
 SPLIT = (("wait_ms", "wait", "#d62728"), ("data_ms", "data", "#ff7f0e"), ("compute_ms", "compute", "#1f77b4"))
@@ -225,8 +226,9 @@ class Line:
 
 
 def _line_chart(lines: Sequence[Line], ylabel: str, *, budget: int, y_floor: float = 0.0, height: int = 220,
-                markers: Sequence[tuple[float, str, str]] = ()) -> str:
-    """Lines over time into the run, y from 0, with vertical (time, colour, title) markers."""
+                markers: Sequence[tuple[float, str, str]] = (), marker_legend: Sequence[tuple[str, str]] = ()) -> str:
+    """Lines over time into the run, y from 0, with vertical (time, colour, title) markers; the
+    legend names the lines, then (colour, label) for the markers."""
     xs = [x for line in lines for x, _ in line.points] + [t for t, _, _ in markers]
     ys = [y for line in lines for _, y in line.points]
     frame = Frame(min([0.0, *xs]), max(xs, default=1.0), min([0.0, *ys]), max([y_floor, *ys]) * 1.08 or 1.0,
@@ -235,8 +237,8 @@ def _line_chart(lines: Sequence[Line], ylabel: str, *, budget: int, y_floor: flo
     body = [frame.axes(_time_ticks(frame.x0, frame.x1), _value_ticks(frame.y0, frame.y1), "time into the run", ylabel)]
     body += [frame.polyline(downsample(line.points, per_line), line.colour, line.dashed) for line in lines]
     body += [frame.vline(t, colour, title) for t, colour, title in markers]
-    legend = "".join(f'<span><i class="swatch" style="background:{line.colour}"></i>{line.label}</span>'
-                     for line in lines)
+    legend = "".join(f'<span><i class="swatch" style="background:{colour}"></i>{label}</span>'
+                     for colour, label in [*((line.colour, line.label) for line in lines), *marker_legend])
     return frame.svg(body, ylabel) + (f'<p class="legend">{legend}</p>' if lines else "")
 
 
@@ -286,6 +288,17 @@ def _shape(hosts: Sequence[Mapping[str, Any]], ranks: int) -> tuple[str, str]:
     return "hosts, ranks", f"{len(hosts)} hosts, {ranks} ranks"
 
 
+def _lasted(finding: Mapping[str, Any]) -> str:
+    """How long a finding that can end (a straggler) lasted, and whether it ended."""
+    lasted = _num(finding.get("duration_s"))
+    if lasted is None:
+        return NONE
+    straggler = finding.get("kind") == "straggler"
+    if _num(finding.get("end")) is not None:
+        return f"{'back to pace' if straggler else 'over'} after {_fmt_duration(lasted)}"
+    return f"{'still slow' if straggler else 'not over'} at the end ({_fmt_duration(lasted)})"
+
+
 def _findings_table(findings: Sequence[Mapping[str, Any]], started: float | None) -> str:
     if not findings:
         return _none("no findings")
@@ -293,17 +306,29 @@ def _findings_table(findings: Sequence[Mapping[str, Any]], started: float | None
     rows = [f'<tr><td class="kind" style="color:{KIND_COLOURS.get(str(f.get("kind")), "#444")}">'
             f"{_esc(f.get('kind'))}</td><td class='num'>{_fmt_duration(t)}</td>"
             f"<td class='num'>{_esc(_int(f.get('rank')))}</td><td>{_esc(f.get('host'))}</td>"
-            f"<td class='text'>{_esc(f.get('text'))}</td></tr>" for t, f in timed]
-    return _table(["kind", "time into run", "rank", "host", "finding"], rows)
+            f"<td class='text'>{_esc(f.get('text'))}</td><td>{_lasted(f)}</td></tr>" for t, f in timed]
+    return _table(["kind", "time into run", "rank", "host", "finding", "lasted"], rows)
+
+
+def _end_t(finding: Mapping[str, Any], started: float | None) -> float | None:
+    end = _num(finding.get("end"))
+    return end - started if end is not None and started is not None else None
 
 
 def _throughput_chart(report: Mapping[str, Any], findings: Sequence[Mapping[str, Any]], started: float | None) -> str:
     points = _series((p.get("t"), p.get("steps_per_s")) for p in _records(report.get("throughput")))
     if not points:
         return _none("no steps recorded")
-    markers = sorted((t, KIND_COLOURS.get(str(f.get("kind")), "#444"), f"{_esc(f.get('kind'))}: {_esc(f.get('text'))}")
-                     for f in findings if (t := _finding_t(f, started)) is not None)[:MAX_MARKERS]
-    return _line_chart([Line(points, PALETTE[0], "steps/s")], "steps/s", budget=MAX_POINTS, markers=markers)
+    markers = [(t, KIND_COLOURS.get(str(f.get("kind")), "#444"), f"{_esc(f.get('kind'))}: {_esc(f.get('text'))}")
+               for f in findings if (t := _finding_t(f, started)) is not None]
+    markers += [(t, END_COLOUR, f"{_esc(f.get('kind'))} over ({_lasted(f)}): {_esc(f.get('text'))}")
+                for f in findings if (t := _end_t(f, started)) is not None]
+    markers = sorted(markers)[:MAX_MARKERS]
+    kinds = sorted({str(f.get("kind")) for f in findings if _finding_t(f, started) is not None})
+    legend = [(KIND_COLOURS.get(kind, "#444"), f"{_esc(kind)} (dashed)") for kind in kinds]
+    legend += [(END_COLOUR, "back to pace (dashed)")] if any(_end_t(f, started) is not None for f in findings) else []
+    return _line_chart([Line(points, PALETTE[0], "steps/s")], "steps/s", budget=MAX_POINTS, markers=markers,
+                       marker_legend=legend)
 
 
 @dataclass(frozen=True)

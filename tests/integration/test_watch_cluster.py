@@ -1,16 +1,19 @@
 """Watching a running job on the real cluster (2 hosts x 2 ranks, gloo): the straggler named with
-its host and side, nothing named on a balanced or noisy run, a stall's verdict naming the
-collective and the rank that never entered it (asleep, SIGSTOPped, or having skipped it), creeping
-memory and an idle (fake) GPU from the nodes' samples; and the straggler and a stall on Slurm."""
+its host and side, a transient one named then back to pace (its finding's start, end and
+duration), nothing named on a balanced noisy run, a stall's verdict naming the collective and the
+rank that never entered it (asleep, SIGSTOPped, or having skipped it), creeping memory and an idle
+(fake) GPU from the nodes' samples; and the straggler and a stall on Slurm."""
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from orchestrator.watch.straggler import WINDOW_SAMPLES
 from tests.cluster import Cluster
 from tests.ddpctl_run import REPO, no_job_processes, only_summary, run_ddpctl, ssh_args, wait_for, write_job
 from tests.fake_gpu import fake_nvidia_smi
@@ -45,15 +48,16 @@ def kinds(summary: dict[str, Any]) -> list[str]:
 ])
 def test_a_slow_rank_is_named_with_its_host_and_side(cluster2: Cluster, tmp_path: Path, rank: int, host: str,
                                                        side: str, words: str) -> None:
-    job = watched_job(tmp_path, cluster2, f"slow-{side}", ["--steps", "70", "--slow-rank", str(rank),
+    job = watched_job(tmp_path, cluster2, f"slow-{side}", ["--steps", "200", "--slow-rank", str(rank),
                                                              "--slow-ms", "40", "--slow-side", side,
-                                                             "--slow-after", "15"])
+                                                             "--slow-after", "40"], watch="straggler_warmup = 1\n")
     out, summary = up(cluster2, job, tmp_path / "runs")
     assert out.returncode == 0, out.stderr
     assert f"straggler: rank {rank} on {host} is " in out.stderr and words in out.stderr, out.stderr
     (finding,) = [f for f in summary["findings"] if f["kind"] == "straggler"]
     assert (finding["rank"], finding["host"]) == (rank, host)
-    assert 15 < finding["step"] <= 15 + 20  # named within 20 steps of the slowdown
+    assert 40 < finding["step"] <= 40 + 2 * WINDOW_SAMPLES  # named within two windows of the slowdown
+    assert finding["end"] is None and finding["duration_s"] > 0  # still slow at the end
     assert "progress: step " in out.stderr  # the pulse, stderr not being a terminal
     run_dir = Path(next((tmp_path / "runs").glob("*/summary.json"))).parent
     report = json.loads((run_dir / "report.json").read_text())
@@ -65,11 +69,39 @@ def test_a_slow_rank_is_named_with_its_host_and_side(cluster2: Cluster, tmp_path
 
 
 def test_a_balanced_run_with_noise_names_no_straggler(cluster2: Cluster, tmp_path: Path) -> None:
-    job = watched_job(tmp_path, cluster2, "noisy", ["--steps", "70", "--noise", "0.15"])
+    """About 15 s of +-15 % noise per step on a shared 2-core box, watched from 2 s after the first step."""
+    job = watched_job(tmp_path, cluster2, "noisy", ["--steps", "250", "--noise", "0.15"],
+                      watch="straggler_warmup = 2\n")
     out, summary = up(cluster2, job, tmp_path / "runs")
     assert out.returncode == 0, out.stderr
     assert summary["findings"] == [], out.stderr
-    assert summary["steps"] == 70
+    assert summary["steps"] == 250
+    assert "straggler" not in out.stderr and "back to pace" not in out.stderr
+
+
+def test_a_transient_straggler_is_named_then_back_to_pace(cluster2: Cluster, tmp_path: Path) -> None:
+    """Rank 3 40 ms slower on its input from step 40 to step 140, then at pace for 140 steps: named
+    once, then said back to pace; its finding has a start, an end and a duration in summary.json and
+    report.json."""
+    job = watched_job(tmp_path, cluster2, "transient", ["--steps", "280", "--slow-rank", "3", "--slow-ms", "40",
+                                                         "--slow-after", "40", "--slow-until", "140"],
+                      watch="straggler_warmup = 1\nstraggler_recovery = 1\n")
+    out, summary = up(cluster2, job, tmp_path / "runs")
+    assert out.returncode == 0, out.stderr
+    named = out.stderr.index("straggler: rank 3 on node1 is ")
+    back = re.search(r"rank 3 on node1 back to pace after (\d+) s", out.stderr)
+    assert back is not None and back.start() > named, out.stderr
+    assert out.stderr.count("straggler: ") == 1, out.stderr
+    (finding,) = [f for f in summary["findings"] if f["kind"] == "straggler"]
+    assert (finding["rank"], finding["host"]) == (3, "node1") and 40 < finding["step"] <= 140
+    assert finding["start"] <= finding["at"] < finding["end"]
+    assert finding["duration_s"] == pytest.approx(finding["end"] - finding["start"], abs=0.01)
+    assert int(back.group(1)) == round(finding["duration_s"])
+    run_dir = Path(next((tmp_path / "runs").glob("*/summary.json"))).parent
+    (reported,) = json.loads((run_dir / "report.json").read_text())["findings"]
+    assert {k: reported[k] for k in ("start", "end", "duration_s")} == {
+        k: finding[k] for k in ("start", "end", "duration_s")}
+    assert "back to pace after" in (run_dir / "report.html").read_text()
 
 
 @pytest.mark.parametrize(("how", "rank", "host", "where"), [
@@ -133,8 +165,8 @@ def slurm_watched(tmp_path: Path, name: str, args: list[str], watch: str = "") -
 
 def test_on_slurm_the_straggler_is_named_and_a_stall_gets_its_verdict_through_the_allocation(
         slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
-    slow = slurm_watched(tmp_path, "slurm-slow", ["--steps", "70", "--slow-rank", "3", "--slow-ms", "40",
-                                                  "--slow-after", "15"])
+    slow = slurm_watched(tmp_path, "slurm-slow", ["--steps", "140", "--slow-rank", "3", "--slow-ms", "40",
+                                                  "--slow-after", "20"], watch="straggler_warmup = 1\n")
     out = ddpctl(slurm_cluster, "up", str(slow), cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "straggler: rank 3 on node1 is " in out.stderr and "before its forward pass" in out.stderr

@@ -197,3 +197,26 @@ def test_every_host_chart_has_a_legend() -> None:
     for name in ("gpu1", "gpu2"):
         block = page.split(f"<h3>{name}</h3>")[1].split("<h3>")[0]
         assert block.count('<p class="legend">') == 2 and "GPU 0" in block and "GPU 1" in block
+
+
+def test_a_straggler_that_ended_says_how_long_and_marks_its_end() -> None:
+    report = realistic_report()
+    ended = dict(report["findings"][0], start=STARTED + 590.0, end=STARTED + 611.0, duration_s=21.0)
+    still = {"kind": "straggler", "t": 1200.0, "at": STARTED + 1200.0, "text": "rank 5 is 30% slower",
+             "rank": 5, "host": "cpu1", "start": STARTED + 1198.0, "end": None, "duration_s": 600.0}
+    page = render_html(dict(report, findings=[ended, still, report["findings"][1]]))
+    assert "<th>lasted</th>" in page
+    assert "<td>back to pace after 21.0 s</td>" in page
+    assert "<td>still slow at the end (10 min 0 s)</td>" in page
+    assert page.count("<td>—</td>") >= 1  # the hang: no span
+    titles = re.findall(r"<line [^>]*><title>([^<]*)</title></line>", page)
+    assert "straggler over (back to pace after 21.0 s): rank 3 is 2.0x slower than the median" in titles
+    assert len(titles) == 4  # 3 findings, 1 end
+    legend = page.split("<h2>Throughput</h2>")[1].split('<p class="legend">')[1].split("</p>")[0]
+    assert "steps/s" in legend and "straggler (dashed)" in legend and "hang (dashed)" in legend
+    assert "back to pace (dashed)" in legend
+
+
+def test_a_report_without_spans_has_no_end_markers() -> None:
+    page = render_html(realistic_report())
+    assert "back to pace" not in page

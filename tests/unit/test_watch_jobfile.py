@@ -32,6 +32,7 @@ def test_without_watch_values_the_defaults_hold(cluster: Path, extra: str) -> No
     spec = load_job(write_job(cluster, JOB + extra)).watch
     assert spec == WatchSpec()
     assert (spec.total_steps, spec.hang_after, spec.pulse, spec.straggler_threshold) == (None, 60.0, 30.0, 0.10)
+    assert (spec.straggler_warmup, spec.straggler_recovery) == (30.0, 15.0)
 
 
 def test_a_full_watch_table_loads_every_value(cluster: Path) -> None:
@@ -49,7 +50,12 @@ def test_a_full_watch_table_loads_every_value(cluster: Path) -> None:
     ("pulse = 0.5e2", "pulse", 50.0),
     ("straggler_threshold = 0.01", "straggler_threshold", 0.01),
     ("straggler_threshold = 10", "straggler_threshold", 10.0),
-], ids=["total-one", "hang-low", "hang-high", "pulse-low", "pulse-float", "threshold-low", "threshold-high"])
+    ("straggler_warmup = 0", "straggler_warmup", 0.0),
+    ("straggler_warmup = 120", "straggler_warmup", 120.0),
+    ("straggler_recovery = 0", "straggler_recovery", 0.0),
+    ("straggler_recovery = 1.5", "straggler_recovery", 1.5),
+], ids=["total-one", "hang-low", "hang-high", "pulse-low", "pulse-float", "threshold-low", "threshold-high",
+        "warmup-none", "warmup", "recovery-none", "recovery-float"])
 def test_each_key_alone_and_at_its_limits(cluster: Path, body: str, field: str, value: float) -> None:
     spec = load_job(write_job(cluster, JOB + "[watch]\n" + body + "\n")).watch
     assert getattr(spec, field) == value
@@ -82,6 +88,12 @@ BAD_WATCH = [
     ("threshold-too-high", "straggler_threshold = 11", "watch.straggler_threshold", "11 is out of range", None),
     ("threshold-nan", "straggler_threshold = nan", "watch.straggler_threshold", "out of range", None),
     ("hang-inf", "hang_after = inf", "watch.hang_after", "out of range", None),
+    ("warmup-string", 'straggler_warmup = "30s"', "watch.straggler_warmup", "expected a number, got str",
+     "from 0 to 604800"),
+    ("warmup-negative", "straggler_warmup = -1", "watch.straggler_warmup", "-1 is out of range", None),
+    ("recovery-bool", "straggler_recovery = true", "watch.straggler_recovery", "expected a number, got bool", None),
+    ("recovery-past-a-week", "straggler_recovery = 604801", "watch.straggler_recovery", "604801 is out of range",
+     None),
 ]
 
 

@@ -15,7 +15,9 @@ from orchestrator.launch.observer import Pulse
 from orchestrator.launch.progress import Status, duration
 from orchestrator.remote.wire import RankPhase, StepWindow
 from orchestrator.watch.monitor import POINTS, STALL_P95_FACTOR, Watch
-from orchestrator.watch.straggler import CONFIRM_ROUNDS
+from orchestrator.watch.straggler import MIN_ROUNDS, WINDOW_SAMPLES
+
+FILL = max(MIN_ROUNDS, -(-WINDOW_SAMPLES // 10))  # rounds of window()'s 10 samples that fill a rank's window
 
 
 def window(p50: float = 60.0, p95: float = 66.0, steps: int = 10, wait: float | None = 20.0,
@@ -80,14 +82,14 @@ def test_there_is_no_status_before_the_first_step() -> None:
 
 
 def test_a_long_quiet_and_a_slow_rank_are_in_the_status() -> None:
-    watch = Watch(WatchSpec(total_steps=100, straggler_threshold=0.10))
+    watch = Watch(WatchSpec(total_steps=100, straggler_threshold=0.10, straggler_warmup=0.0))
     works = {0: 40.0, 1: 40.0, 2: 60.0}  # rank 2 is 50 % slower, all of it on its input
-    for _ in range(CONFIRM_ROUNDS):
+    for _ in range(MIN_ROUNDS):
         for r, w in works.items():
             slow = w - 40.0
             watch.on_step(f"node{r}", step(5, window(p50=80.0, wait=20.0 + 20.0 - slow, data=10.0 + slow), rank=r),
                           now=0.0)
-        watch.check()
+        watch.check(now=0.0)
     status = watch.status(now=12.5)
     assert status is not None
     assert "slowest rank 2 on node2 +50% (input)" in status.text()
@@ -166,16 +168,16 @@ def test_host_lost_is_a_finding_at_the_current_step() -> None:
 
 
 def test_a_lost_host_no_longer_holds_the_straggler_rounds() -> None:
-    watch = Watch(WatchSpec(straggler_threshold=0.10))
+    watch = Watch(WatchSpec(straggler_threshold=0.10, straggler_warmup=0.0))
 
-    def rounds(hosts: list[str]) -> list[Finding]:
-        said: list[Finding] = []
-        for n in range(CONFIRM_ROUNDS + 1):
+    def rounds(hosts: list[str]) -> list[str]:
+        said: list[str] = []
+        for n in range(FILL + 1):
             for r, host in enumerate(hosts):
                 slow = 20.0 if host == "node2" else 0.0
                 w = window(p50=80.0, wait=40.0 - slow, data=10.0 + slow)
                 watch.on_step(host, step(10 + n, w, rank=r if host != "node2" else 2), now=float(n))
-            said += watch.check()
+            said += watch.check(now=float(n))
         return said
 
     # node1 sent once and went silent: no round completes while it is part of them
@@ -183,9 +185,11 @@ def test_a_lost_host_no_longer_holds_the_straggler_rounds() -> None:
     assert rounds(["node0", "node2"]) == []
     watch.host_lost("node1", "no heartbeat for 30 s")
     said = rounds(["node0", "node2"])
-    assert [(f.kind, f.rank, f.host) for f in said] == [("straggler", 2, "node2")]
-    assert said[0].step is not None and said[0].step >= 10
+    assert [text.split(" is ")[0] for text in said] == ["straggler: rank 2 on node2"]
     assert [f.kind for f in watch.findings] == ["host lost", "straggler"]
+    straggler = watch.findings[1]
+    assert (straggler.rank, straggler.host) == (2, "node2")
+    assert straggler.step is not None and straggler.step >= 10
 
 
 def test_add_keeps_a_findings_own_step_and_fills_a_missing_one() -> None:
@@ -325,3 +329,66 @@ def test_a_short_pulse_still_says_the_stall(clock: Clock) -> None:
         if line is not None:
             said.append((t, line))
     assert any("no step for" in line for t, line in said if t > last_step)
+
+
+# -- stragglers over time ---------------------------------------------------------------------------
+
+
+def straggler_round(watch: Watch, n: int, now: float, slow_ms: float) -> list[str]:
+    """One round of 3 ranks on node0..node2 at step n; rank 1 slow_ms slower on its input."""
+    for r in range(3):
+        slow = slow_ms if r == 1 else 0.0
+        w = window(p50=60.0 + slow_ms, wait=20.0 + slow_ms - slow, data=10.0 + slow)
+        watch.on_step(f"node{r}", step(n, w, rank=r), now=now)
+    return watch.check(now=now)
+
+
+def test_a_straggler_finding_has_a_start_and_an_end_and_the_end_is_said() -> None:
+    """Rank 1 20 ms slower from 10 s to 30 s: its finding starts at its first slow round and ends at
+    its first round back, said once it has stayed back for [watch] straggler_recovery."""
+    watch = Watch(WatchSpec(straggler_warmup=5.0, straggler_recovery=4.0))
+    said: list[tuple[float, str]] = []
+    for n in range(120):
+        now = n * 0.5
+        said += [(now, text) for text in straggler_round(watch, n + 1, now, 20.0 if 10.0 <= now < 30.0 else 0.0)]
+    assert [text.split(" is ")[0] for _, text in said] == [
+        "straggler: rank 1 on node1", "rank 1 on node1 back to pace after 20 s"]
+    assert said[1][0] >= 30.0 + 4.0
+    (finding,) = watch.findings
+    assert finding.span is not None and finding.span.end is not None
+    assert finding.span.end - finding.span.start == pytest.approx(20.0, abs=0.6)
+    assert finding.span.start < finding.at < finding.span.end
+    (reported,) = watch.report()["findings"]
+    assert reported["kind"] == "straggler" and reported["rank"] == 1
+    assert (reported["start"], reported["end"]) == (finding.span.start, finding.span.end)
+    assert reported["duration_s"] == pytest.approx(20.0, abs=0.6)
+
+
+def test_a_straggler_still_slow_at_the_end_has_no_end_and_lasts_to_the_report() -> None:
+    watch = Watch(WatchSpec(straggler_warmup=0.0))
+    for n in range(20):
+        straggler_round(watch, n + 1, n * 0.5, 20.0)
+    (reported,) = watch.report()["findings"]
+    assert reported["end"] is None
+    assert reported["duration_s"] >= 0.0 and reported["start"] <= reported["at"]
+
+
+def test_a_rank_that_slows_again_is_a_new_finding() -> None:
+    watch = Watch(WatchSpec(straggler_warmup=0.0, straggler_recovery=2.0))
+    slow = [(0.0, 10.0), (20.0, 30.0)]
+    said = []
+    for n in range(100):
+        now = n * 0.5
+        said += straggler_round(watch, n + 1, now, 20.0 if any(a <= now < b for a, b in slow) else 0.0)
+    assert [t.split(" is ")[0].split(" after ")[0] for t in said] == [
+        "straggler: rank 1 on node1", "rank 1 on node1 back to pace"] * 2
+    assert [f.kind for f in watch.findings] == ["straggler", "straggler"]
+    assert all(f.span is not None and f.span.end is not None for f in watch.findings)
+
+
+def test_no_straggler_is_named_in_the_warm_up() -> None:
+    watch = Watch(WatchSpec(straggler_warmup=30.0))
+    said = [text for n in range(50) for text in straggler_round(watch, n + 1, n * 0.5, 20.0)]
+    assert said == [] and watch.findings == []
+    status = watch.status(now=25.0)
+    assert status is not None and "slowest rank 1 on node1" in status.text()  # the status shows it all the same
