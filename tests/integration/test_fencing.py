@@ -72,10 +72,8 @@ def test_a_lost_host_whose_rank_works_alone_is_fenced_before_the_next_attempt(
         ssh_blocked(cluster, 0, True)
         blocked = True
         wait_for(lambda: "node0 lost" in out.read_text(), 60, "node0 lost")
-        # SSH stays blocked past the loss, not past node0's own limit (1.5 x lost_after after it last
-        # heard `up`): node0's rank goes on, alone, and only reaching node0 again can end it early
-        time.sleep(1.5)
-        assert cluster.job_pids(0, f"{run_id}.0"), "node0's ranks should still run while it is cut off"
+        # SSH is back right after the loss, before node0's own limit (1.5 x lost_after after it last
+        # heard `up`): node0's rank goes on, alone, until the fence reaches node0 again
         assert "resumes at step" not in out.read_text().split("attempt 0 rank 0 busy")[-1]  # no attempt 1 yet
         ssh_blocked(cluster, 0, False)
         blocked = False

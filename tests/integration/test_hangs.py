@@ -30,7 +30,8 @@ def test_stacks_show_the_sleeping_rank_apart_from_ranks_blocked_in_all_reduce(
             report = stacks_json(cluster2, "stacks-sleeper")
             ranks = [r["rank"] for g in report["groups"] for r in g["ranks"]]
             frames = " ".join(f["name"] for g in report["groups"] for f in g["frames"])
-            settled = len(report["groups"]) == 2  # a rank still on its way to the collective is a group too
+            settled = len(report["groups"]) == 2 and any(  # a rank still on its way to its sleep (get_data)
+                "sleep_forever_before_collective" in g["summary"] for g in report["groups"])  # is a group too
             return report if sorted(ranks) == [0, 1, 2, 3] and "all_reduce" in frames and settled else None
 
         report = wait_for(four_ranks, 90, "all 4 ranks to be stuck, in two groups")
