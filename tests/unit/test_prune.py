@@ -107,7 +107,9 @@ def test_never_a_run_that_may_still_run(root: Path) -> None:
     env = dict(os.environ, DDPCTL_JOB_ID="straggler")  # a process still carrying the job's id
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env)
     try:
-        time.sleep(0.2)
+        deadline = time.monotonic() + 10  # its environment is readable once it has started
+        while b"DDPCTL_JOB_ID=straggler" not in Path(f"/proc/{proc.pid}/environ").read_bytes():
+            assert time.monotonic() < deadline, "the process never showed its environment"
         report = prune_runs(0, protect=["protected"])
     finally:
         proc.kill()
