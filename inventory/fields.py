@@ -18,6 +18,8 @@ MAX_NPROC_PER_NODE = 1024
 declare: far beyond any real machine, so a larger number is a typo, not a cluster."""
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")  # \Z: "$" would let a trailing newline through
 _TOKEN_BAD = re.compile(r"[\s\x00-\x1f\x7f]")
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*(s|m|min|h|d)\Z")
+_DURATION_UNITS = {"s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
 
 
 def describe(value: object) -> str:
@@ -116,6 +118,23 @@ def expect_int(
     if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
         raise src.error(key, f"{value} is out of range", _range_hint(minimum, maximum))
     return value
+
+
+def expect_duration(src: Reporter, key: str, value: object, minimum: float, maximum: float) -> float:
+    """Seconds: a number, or a string with a unit ("90s", "30m", "24h", "7d")."""
+    seconds: float | None = None
+    if _scalar(value) and not isinstance(value, bool):
+        seconds = float(value)  # type: ignore[arg-type]
+    elif isinstance(value, str) and (m := _DURATION.match(value.strip().lower())):
+        seconds = float(m.group(1)) * _DURATION_UNITS[m.group(2)]
+    if seconds is None:
+        raise src.error(key, f"expected seconds or a duration, got {describe(value)}",
+                        f'write seconds ({key.rsplit(".", 1)[-1]} = 86400) or a duration with its unit: '
+                        '"90s", "30m", "24h", "7d"', value=value)
+    if not minimum <= seconds <= maximum:
+        raise src.error(key, f"{seconds:g} s is out of range", f"use {minimum:g} to {maximum:g} seconds",
+                        value=value)
+    return seconds
 
 
 def expect_port(src: Reporter, key: str, value: object, allow_auto: bool = False) -> int | str:

@@ -12,6 +12,7 @@ from inventory.fields import (
     MAX_NPROC_PER_NODE,
     check_keys,
     expect_bool,
+    expect_duration,
     expect_env,
     expect_gpus,
     expect_int,
@@ -23,12 +24,21 @@ from inventory.fields import (
 from inventory.gpus import VISIBLE, same_devices, show, visible_devices
 from inventory.hostfile import load_hostfile
 from inventory.hostrange import expand_hostnames, is_range_pattern
-from inventory.model import DEFAULT_KEEP_RUNS, MAX_KEEP_RUNS, GpuSpec, Host, Inventory
+from inventory.model import (
+    MAX_KEEP_RUNS,
+    MAX_QUARANTINE_WINDOW,
+    GpuSpec,
+    Host,
+    Inventory,
+)
 from inventory.tomlsource import TomlFile, directory_error, join_key, read_toml
 
 INVENTORY_KEYS = ("defaults", "hosts")
 SHARED_KEYS = ("user", "port", "python", "workdir", "gpus", "env")  # [defaults] and each [[hosts]]
-DEFAULT_KEYS = (*SHARED_KEYS, "keep_runs")  # keep_runs: the inventory's, not a host's
+# the inventory's own, not a host's: runs kept, and the quarantine of faulty hosts
+INVENTORY_DEFAULTS = ("keep_runs", "quarantine", "quarantine_after", "quarantine_window")
+DEFAULT_KEYS = (*SHARED_KEYS, *INVENTORY_DEFAULTS)
+MAX_QUARANTINE_AFTER = 1000
 HOST_KEYS = ("name", "address", *SHARED_KEYS, "slots", "spare")
 
 
@@ -71,14 +81,13 @@ def load_inventory(path: Path) -> Inventory:
     doc = read_toml(path, "inventory file")
     check_keys(doc, "", doc.data, INVENTORY_KEYS)
     defaults = HostSettings()
-    keep_runs = DEFAULT_KEEP_RUNS
+    own = Inventory(hosts=())
     if "defaults" in doc.data:
         table = expect_table(doc, "defaults", doc.data["defaults"])
         check_keys(doc, "defaults", table, DEFAULT_KEYS)
-        defaults = read_settings(doc, "defaults", {k: v for k, v in table.items() if k != "keep_runs"},
+        defaults = read_settings(doc, "defaults", {k: v for k, v in table.items() if k not in INVENTORY_DEFAULTS},
                                  SHARED_KEYS)
-        if "keep_runs" in table:
-            keep_runs = expect_int(doc, "defaults.keep_runs", table["keep_runs"], 1, MAX_KEEP_RUNS)
+        own = _inventory_defaults(doc, table)
     entries = _host_entries(doc)
     hosts: list[Host] = []
     origins: dict[str, str] = {}
@@ -86,7 +95,23 @@ def load_inventory(path: Path) -> Inventory:
         for host in _hosts_of_entry(doc, f"hosts[{i}]", entry, defaults):
             _check_unique(doc, origins, host.name, f"hosts[{i}].name")
             hosts.append(host)
-    return Inventory(hosts=tuple(hosts), source=path, keep_runs=keep_runs)
+    return replace(own, hosts=tuple(hosts), source=path)
+
+
+def _inventory_defaults(doc: TomlFile, table: dict[str, Any]) -> Inventory:
+    """[defaults]' keys of the inventory itself (keep_runs, the quarantine's), on a host-less one."""
+    own = Inventory(hosts=())
+    if "keep_runs" in table:
+        own = replace(own, keep_runs=expect_int(doc, "defaults.keep_runs", table["keep_runs"], 1, MAX_KEEP_RUNS))
+    if "quarantine" in table:
+        own = replace(own, quarantine=expect_bool(doc, "defaults.quarantine", table["quarantine"]))
+    if "quarantine_after" in table:
+        own = replace(own, quarantine_after=expect_int(doc, "defaults.quarantine_after", table["quarantine_after"],
+                                                       1, MAX_QUARANTINE_AFTER))
+    if "quarantine_window" in table:
+        own = replace(own, quarantine_window=expect_duration(doc, "defaults.quarantine_window",
+                                                             table["quarantine_window"], 1.0, MAX_QUARANTINE_WINDOW))
+    return own
 
 
 def _host_entries(doc: TomlFile) -> list[dict[str, Any]]:

@@ -51,12 +51,22 @@ LOCALHOST = Host(name="localhost", address="127.0.0.1", python=sys.executable)
 DEFAULT_KEEP_RUNS = 50
 MAX_KEEP_RUNS = 100_000
 
+# [defaults] quarantine, quarantine_after, quarantine_window: a host with this many host faults within
+# this window (since its last release) is left out of `up` and of every restart attempt
+# (orchestrator/hostops/quarantine.py; docs/restarts.md, "Host ledger and quarantine").
+DEFAULT_QUARANTINE_AFTER = 2
+DEFAULT_QUARANTINE_WINDOW = 24 * 3600.0
+MAX_QUARANTINE_WINDOW = 366 * 24 * 3600.0
+
 
 @dataclass(frozen=True)
 class Inventory:
     hosts: tuple[Host, ...]
     source: Path | None = None  # None: the embedded localhost default
     keep_runs: int = DEFAULT_KEEP_RUNS  # [defaults] keep_runs: see DEFAULT_KEEP_RUNS
+    quarantine: bool = True  # [defaults] quarantine: false keeps every host in, whatever its faults
+    quarantine_after: int = DEFAULT_QUARANTINE_AFTER  # host faults that quarantine a host...
+    quarantine_window: float = DEFAULT_QUARANTINE_WINDOW  # ... within this many seconds
 
     def names(self) -> list[str]:
         return [h.name for h in self.hosts]
@@ -97,6 +107,7 @@ class RestartSpec:
     checkpoint_dir: str | None = None  # DDPCTL_CHECKPOINT_DIR; a newer file in it is progress
     backoff: float = 5.0  # seconds before the first restart, doubled for each one after it
     max_backoff: float = 60.0
+    quarantine: bool = True  # false: this job leaves no quarantined host out (the inventory's switch too)
 
 
 @dataclass(frozen=True)

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from inventory.fields import check_keys, describe, expect_int, expect_str, expect_table
+from inventory.fields import check_keys, describe, expect_bool, expect_int, expect_str, expect_table
 from inventory.model import RestartSpec
 from inventory.tomlsource import Reporter
 
-RESTART_KEYS = ("max_restarts", "min_nodes", "host_fault_exit_codes", "checkpoint_dir", "backoff", "max_backoff")
+RESTART_KEYS = ("max_restarts", "min_nodes", "host_fault_exit_codes", "checkpoint_dir", "backoff", "max_backoff",
+                "quarantine")
 MAX_RESTARTS = 1000
 MAX_BACKOFF_S = 3600
 
@@ -46,7 +47,9 @@ def read_restart(doc: Reporter, value: object, nodes: int) -> RestartSpec:
     if max_backoff < backoff:
         raise doc.error("restart.max_backoff", f"max_backoff = {max_backoff:g} is below backoff = {backoff:g}",
                         "the wait starts at backoff and doubles up to max_backoff", value=max_backoff)
-    return RestartSpec(max_restarts, min_nodes, codes, checkpoint_dir, backoff, max_backoff)
+    quarantine = expect_bool(doc, "restart.quarantine", table["quarantine"]) if "quarantine" in table \
+        else default.quarantine
+    return RestartSpec(max_restarts, min_nodes, codes, checkpoint_dir, backoff, max_backoff, quarantine)
 
 
 def _seconds(doc: Reporter, table: dict[str, Any], key: str, default: float | None) -> float | None:

@@ -18,6 +18,7 @@ if TYPE_CHECKING:  # typing is for the checker only (node_agent/__init__.py)
 OPS: Dict[str, str] = {
     "ping": "node_agent.__main__:ping",
     "facts": "node_agent.facts:gather",
+    "gpu_health": "node_agent.gpuhealth:gather",
     "port_owners": "node_agent.ports:port_owners",
     "kill_port": "node_agent.ports:kill_port",
     "listen": "node_agent.probe:listen",

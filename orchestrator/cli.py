@@ -31,6 +31,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "ssh-setup": ("ssh_setup", "ssh_setup_command"),
     "sync": ("sync", "sync_command"),
     "prune": ("prune", "prune_command"),
+    "hosts": ("hosts", "hosts_command"),
 }
 
 

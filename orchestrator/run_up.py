@@ -19,6 +19,7 @@ from orchestrator.launch.result import RunResult
 from orchestrator.remote.pool import HostPool, make_pool
 from orchestrator.remote.ssh_options import Connection
 from orchestrator.restarts import detached as detached_restarts
+from orchestrator.restarts import hostledger
 from orchestrator.restarts import loop as restarts
 from orchestrator.watch.monitors import standard_monitors
 
@@ -134,5 +135,17 @@ def launch(job: Job, pool: HostPool, runner: Backend, request: UpRequest,
     if budget > 0:
         return Restarted(restarts.launch(job, lambda attempt: backend_for(pool, attempt), observer,
                                          request.options, budget, request.run_id, monitors=standard_monitors))
-    return Finished(core.launch(job, runner, observer, request.options, monitors=standard_monitors))
+    if job.restart.quarantine and job.inventory.quarantine:
+        job = hostledger.leave_out_quarantined(job, observer.on_notice)
+    result = core.launch(job, runner, observer, request.options, monitors=standard_monitors)
+    remember(job, result, observer)
+    return Finished(result)
+
+
+def remember(job: Job, result: RunResult, observer: Observer) -> None:
+    """A plain launch in the host ledger: classified as a restart would be, to find its host faults."""
+    verdict = None if result.ok else restarts.classify(result, job, 0, [])
+    faults = verdict.faults if verdict is not None and verdict.kind is restarts.Failure.HOST_FAULT else {}
+    for warning in hostledger.record_attempt(job, result, restarts.lost_hosts(result), faults):
+        observer.on_notice(f"warning: {warning}")
 

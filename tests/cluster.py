@@ -233,6 +233,13 @@ class Cluster:
         pid = read_pid(h.sshd_pid_file)
         return pid if pid is not None and pid_alive(pid) else None
 
+    def sshd_pid(self, i: int) -> int:
+        """Host `i`'s running sshd."""
+        pid = self._sshd_pid(self.hosts[i])
+        if pid is None:
+            raise ClusterError(f"{self.hosts[i].name} has no sshd running")
+        return pid
+
     def teardown(self) -> None:
         """Kill every process of every host, delete namespaces, veths and bridge, then verify."""
         if self._torn_down:

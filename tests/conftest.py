@@ -16,6 +16,16 @@ from tests.cluster import Cluster, ClusterError, require_cluster, start_cluster 
 from tests.slurm_cluster import SlurmCluster, require_slurm, start_slurm_cluster  # noqa: E402
 
 
+@pytest.fixture(autouse=True)
+def private_host_ledger(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Each test its own host ledger (orchestrator/hostops/ledger.py), never the user's: the tests
+    kill hosts of shared clusters all the time, and a shared ledger would quarantine them for the
+    next test. `ddpctl` subprocesses inherit DDPCTL_STATE_DIR."""
+    state = tmp_path_factory.mktemp("state")
+    monkeypatch.setenv("DDPCTL_STATE_DIR", str(state))
+    return state
+
+
 @pytest.fixture
 def cluster_available() -> None:
     """For tests that call start_cluster themselves: skip (or fail) like the cluster fixtures."""

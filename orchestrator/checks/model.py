@@ -136,7 +136,8 @@ class Report:
     elapsed_s: float = 0.0
     phases: dict[str, float] = field(default_factory=dict)  # phase -> seconds
     bandwidth: dict[str, Any] | None = None  # --bandwidth: the allreduce_bench BANDWIDTH json
-    pairs: dict[str, float] = field(default_factory=dict)  # --pairs: "a<->b" -> peak busbw GB/s
+    deep: dict[str, Any] | None = None  # --deep: the host check's figures (orchestrator/doctor/deep.py)
+    facts: Mapping[str, HostFacts] = field(default_factory=dict)  # what each host that answered said (not in --json)
 
     def cell(self, host: str, check: str) -> CheckStatus:
         """The worst status of `check` on `host` (cluster-wide findings count for every host
@@ -165,5 +166,5 @@ class Report:
             "elapsed_s": round(self.elapsed_s, 3),
             "phases": {k: round(v, 3) for k, v in self.phases.items()},
             "bandwidth": self.bandwidth,
-            "pairs": self.pairs,
+            "deep": self.deep,
         }

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -15,13 +16,12 @@ from rich.table import Table
 from inventory import ConfigError, Inventory, Job, JobOverrides, load_job
 from orchestrator.commands.common import InventoryOpt, JsonOpt, console, err_console, handle_errors, ssh_flags
 from orchestrator.hostops.targets import inventory_at
-from orchestrator.remote.pool import make_pool
+from orchestrator.remote.pool import HostPool, make_pool
 from orchestrator.remote.ssh_options import Connection
 
 if TYPE_CHECKING:
     from orchestrator.doctor import DoctorContext, Report
     from orchestrator.doctor.collective import BandwidthReport
-    from orchestrator.launch.backends.base import Backend
 
 JobArg = Annotated[Path | None, typer.Argument(help="Job file (job.toml); its hosts, env and "
                                                "rendezvous are checked.")]
@@ -61,9 +61,11 @@ SmokeOpt = Annotated[bool, typer.Option(
 BandwidthOpt = Annotated[bool, typer.Option(
     "--bandwidth", help="Then time all_reduce (1 KiB .. --max-bytes) across the hosts.",
     rich_help_panel="Launch-path checks")]
-PairsOpt = Annotated[bool, typer.Option(
-    "--pairs", help="With --bandwidth: also measure each host pair and flag slow ones.",
+DeepOpt = Annotated[bool, typer.Option(
+    "--deep", help="Then find the slow host: a timed matmul per host and GPU, link rounds between "
+    "every pair of hosts (a covering schedule past the budget), GPU health (ECC, throttling, PCIe, Xid).",
     rich_help_panel="Launch-path checks")]
+PairsOpt = Annotated[bool, typer.Option("--pairs", hidden=True, help="Replaced by --deep.")]
 MaxBytesOpt = Annotated[str, typer.Option(
     "--max-bytes", help="Largest all_reduce message for --bandwidth (K/M/G suffixes).",
     rich_help_panel="Launch-path checks")]
@@ -80,13 +82,13 @@ class LaunchPathChecks:
 
     smoke: bool = False
     bandwidth: bool = False
-    pairs: bool = False
+    deep: bool = False
     max_bytes: str = "64M"
     runs_dir: Path = Path("runs")
 
     @property
     def wanted(self) -> bool:
-        return self.smoke or self.bandwidth
+        return self.smoke or self.bandwidth or self.deep
 
 
 @dataclass(frozen=True)
@@ -95,6 +97,7 @@ class Checked:
 
     report: Report
     bandwidth: BandwidthReport | None
+    ledger_warnings: tuple[str, ...] = ()  # the host ledger could not record the run (it never stops doctor)
 
 
 @handle_errors
@@ -111,6 +114,7 @@ def doctor_command(
     connection: Connection,
     smoke: SmokeOpt = False,
     bandwidth: BandwidthOpt = False,
+    deep: DeepOpt = False,
     pairs: PairsOpt = False,
     max_bytes: MaxBytesOpt = "64M",
     runs_dir: RunsDirOpt = Path("runs"),
@@ -125,8 +129,11 @@ def doctor_command(
     \b
     Examples:
       ddpctl doctor job.toml               # every check on the job's hosts
-      ddpctl doctor -i hosts.toml --smoke  # then a real all_reduce across them
+      ddpctl doctor job.toml --deep        # then find a slow link, GPU or host
     """
+    if pairs:
+        raise ConfigError("--pairs was replaced by --deep", key="--pairs",
+                          hint="ddpctl doctor job.toml --deep: link rounds between every pair of hosts, at any size")
     if explain_check is not None:
         explain(explain_check)
         return
@@ -136,8 +143,10 @@ def doctor_command(
         if not json_out:
             err_console.print(f"[dim]doctor: {escape(text)}[/]")
 
-    launch_path = LaunchPathChecks(smoke, bandwidth, pairs, max_bytes, runs_dir)
+    launch_path = LaunchPathChecks(smoke, bandwidth, deep, max_bytes, runs_dir)
     checked = check_hosts(target, connection, master_port, timeout, not no_cache, launch_path, notice)
+    for warning in checked.ledger_warnings:
+        err_console.print(f"[yellow]ddpctl: {escape(warning)}[/]")
     from orchestrator.checks.render import render, to_json
 
     if json_out:
@@ -146,6 +155,8 @@ def doctor_command(
         render(checked.report, console, strict)
         if checked.bandwidth is not None and checked.bandwidth.table:
             render_bandwidth(checked.bandwidth, console)
+        if checked.report.deep:
+            render_deep(checked.report.deep, console)
     raise typer.Exit(checked.report.exit_code(strict))
 
 
@@ -155,7 +166,7 @@ def check_hosts(target: Job | Inventory, connection: Connection, master_port: in
     checks where asked."""
     job = target if isinstance(target, Job) else None
     if job is not None and job.slurm is not None and launch_path.wanted:
-        raise ConfigError("--smoke and --bandwidth run over SSH, not on a Slurm job", key="--smoke",
+        raise ConfigError("--smoke, --bandwidth and --deep run over SSH, not on a Slurm job", key="--smoke",
                           hint="drop them for a job with a [slurm] table")
     pool = make_pool(connection)
     if job is None or job.slurm is None:
@@ -167,18 +178,22 @@ def check_hosts(target: Job | Inventory, connection: Connection, master_port: in
     # The Slurm doctor and the launch-path checks load the launch core: imported only when used
     # (a plain doctor run's start-up is part of its wall time, bench/doctor_fanout.py).
     with pool:
-        if job is not None and job.slurm is not None:
+        if job is not None and job.slurm is not None:  # Slurm picks the nodes: not in the host ledger
             from orchestrator.doctor.slurm_doctor import run_slurm_doctor
 
-            report = run_slurm_doctor(job, pool, timeout, use_cache, notice)
-        else:
-            report = run_doctor(ctx, pool, notice)
-        if not launch_path.wanted:
-            return Checked(report, None)
-        from orchestrator.doctor.collective import job_for
-        from orchestrator.launch.backends.ssh import SshBackend
+            return Checked(run_slurm_doctor(job, pool, timeout, use_cache, notice), None)
+        report = run_doctor(ctx, pool, notice)
+        bw = None
+        if launch_path.wanted:
+            from orchestrator.doctor.collective import job_for
 
-        return Checked(report, run_launch_checks(report, job_for(ctx, job), SshBackend(pool), notice, launch_path))
+            started = time.monotonic()
+            bw = run_launch_checks(report, job_for(ctx, job), pool, notice, launch_path, timeout)
+            report.phases["launch_checks_s"] = time.monotonic() - started
+            report.elapsed_s += report.phases["launch_checks_s"]
+    from orchestrator.doctor import remember
+
+    return Checked(report, bw, tuple(remember(report, ctx.hosts)))
 
 
 def explain(name: str) -> None:
@@ -199,13 +214,19 @@ def explain(name: str) -> None:
     typer.echo(f"\n(also in {entries.docs_link(check)})")
 
 
-def run_launch_checks(report: Report, job: Job, backend: Backend, notice: Callable[[str], None],
-                      launch_path: LaunchPathChecks) -> BandwidthReport | None:
-    """After the other checks pass: the smoke test and/or the bandwidth table, as findings."""
+def run_launch_checks(report: Report, job: Job, pool: HostPool, notice: Callable[[str], None],
+                      launch_path: LaunchPathChecks, timeout: float) -> BandwidthReport | None:
+    """After the other checks pass: the smoke test, the bandwidth table and/or the deep checks,
+    as findings."""
     from orchestrator.doctor import CheckStatus, Finding
     from orchestrator.doctor.collective import bandwidth_report, smoke_findings
+    from orchestrator.launch.backends.ssh import SshBackend
 
     wanted = [c for c, on in (("smoke", launch_path.smoke), ("bandwidth", launch_path.bandwidth)) if on]
+    if launch_path.deep:
+        from orchestrator.doctor.deep import CHECKS
+
+        wanted += CHECKS
     report.checks += wanted
     if report.count(CheckStatus.FAIL):
         report.findings += [Finding(c, CheckStatus.SKIP, None, "not run: other checks failed",
@@ -213,14 +234,26 @@ def run_launch_checks(report: Report, job: Job, backend: Backend, notice: Callab
         return None
     if launch_path.smoke:
         notice("running the gloo all_reduce smoke test through the launch path")
-        report.findings += smoke_findings(job, backend, launch_path.runs_dir)
+        report.findings += smoke_findings(job, SshBackend(pool), launch_path.runs_dir)
+    bw = None
     if launch_path.bandwidth and not report.count(CheckStatus.FAIL):
-        notice("timing all_reduce across the hosts" + (" and each pair" if launch_path.pairs else ""))
-        bw = bandwidth_report(job, backend, launch_path.runs_dir, launch_path.pairs, launch_path.max_bytes)
+        notice("timing all_reduce across the hosts")
+        bw = bandwidth_report(job, SshBackend(pool), launch_path.runs_dir, launch_path.max_bytes)
         report.findings += bw.findings
-        report.bandwidth, report.pairs = bw.table, bw.pairs
-        return bw
-    return None
+        report.bandwidth = bw.table
+    if launch_path.deep and not report.count(CheckStatus.FAIL):
+        run_deep(report, job, pool, notice, launch_path, timeout)
+    return bw
+
+
+def run_deep(report: Report, job: Job, pool: HostPool, notice: Callable[[str], None], launch_path: LaunchPathChecks,
+             timeout: float) -> None:
+    from orchestrator.doctor.deep import deep_report
+    from orchestrator.launch.backends.ssh import SshBackend
+
+    deep = deep_report(job, SshBackend(pool), pool, launch_path.runs_dir, timeout, notice)
+    report.findings += deep.findings
+    report.deep = deep.figures
 
 
 def render_bandwidth(bw: BandwidthReport, out: Console) -> None:
@@ -231,8 +264,6 @@ def render_bandwidth(bw: BandwidthReport, out: Console) -> None:
         table.add_row(_size(r["size_bytes"]), f"{r['time_us']:.1f}", f"{r['algbw_gbps']:.3f}",
                       f"{r['busbw_gbps']:.3f}")
     out.print(table)
-    for pair, value in bw.pairs.items():
-        out.print(f"  pair {pair}: peak busbw {value:.3f} GB/s", markup=False)
 
 
 def _size(n: int) -> str:
@@ -240,3 +271,21 @@ def _size(n: int) -> str:
         if n >= scale:
             return f"{n / scale:g} {unit}"
     return f"{n} B"
+
+
+def render_deep(figures: dict[str, Any], out: Console) -> None:
+    """--deep's figures per host: each device's compute, and the range of its links."""
+    hosts: list[str] = figures["hosts"]
+    table = Table("host", "compute", "links (slowest .. fastest, MB/s)",
+                  title=f"doctor --deep: {figures['rounds']} round(s), {figures['backend']}")
+    for rank, host in enumerate(hosts):
+        devices = [d for d in figures["compute"] if d["rank"] == rank]
+        compute = ", ".join(_flops(d["tflops"]) for d in devices)
+        rates = sorted(link["mbps"] for link in figures["links"] if rank in (link["a"], link["b"]))
+        links = f"{rates[0]:,.0f} .. {rates[-1]:,.0f} ({len(rates)})" if rates else "-"
+        table.add_row(host, compute, links)
+    out.print(table)
+
+
+def _flops(tflops: float) -> str:
+    return f"{tflops:.1f} TFLOP/s" if tflops >= 1 else f"{tflops * 1000:.1f} GFLOP/s"

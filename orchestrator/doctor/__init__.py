@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
+from inventory import Host
 from orchestrator.checks.gather import (
     checkpoint_listings,
     checkpoint_markers,
@@ -23,10 +24,11 @@ from orchestrator.checks.model import (
     Report,
 )
 from orchestrator.checks.registry import CHECKS, run_checks
+from orchestrator.hostops.ledger import record_doctor
 from orchestrator.remote.pool import HostPool
 from orchestrator.remote.wire import HostFacts
 
-__all__ = ["CheckStatus", "DoctorContext", "Finding", "HostFacts", "Report", "run_doctor"]
+__all__ = ["CheckStatus", "DoctorContext", "Finding", "HostFacts", "Report", "remember", "run_doctor"]
 
 TOO_FEW = "fewer than two reachable hosts"
 
@@ -67,4 +69,13 @@ def run_doctor(ctx: DoctorContext, pool: HostPool,
     checks = [name for name, _ in CHECKS if shown(name, ctx)]
     return Report(hosts=[h.name for h in ctx.hosts], checks=checks,
                   findings=run_checks(obs), unreachable=set(fan.failed),
-                  elapsed_s=time.monotonic() - started, phases=phases)
+                  elapsed_s=time.monotonic() - started, phases=phases, facts=facts)
+
+
+def remember(report: Report, hosts: Sequence[Host]) -> list[str]:
+    """Record the run in the host ledger (orchestrator/hostops/ledger.py): each host seen, each
+    finding; a finding of a deep check marks its host suspect. The ledger's warnings; never raises."""
+    from orchestrator.doctor.deep import CHECKS as DEEP
+
+    run_id = f"doctor-{time.strftime('%Y%m%d-%H%M%S')}"
+    return record_doctor(hosts, report.facts, report.findings, run_id, deep_checks=DEEP)

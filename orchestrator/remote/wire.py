@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar, Union
 
 from node_agent.replies import one_line
+from node_agent.replies_gpu import GpuHealth, GpuHealthReport, XidEvent
 from node_agent.replies_jobs import LogEvent, LogsFound, RunningJob, RunningJobs, StoppedJob, StoppedJobs
 from node_agent.replies_ports import (
     CheckpointFact,
@@ -45,11 +46,12 @@ from node_agent.replies_top import GpuStat, HostSample, HostTop, RankSteps, TopN
 from orchestrator.errors import HostError, HostErrorKind
 
 __all__ = [
-    "RANK_ENDS", "CheckpointFact", "DetachedStart", "GpuStat", "HostFacts", "HostSample",
-    "HostTop", "KilledProcess", "LogLine", "LogsFound", "MasterPortFact", "ModuleLookupFact", "NcclChoice",
+    "RANK_ENDS", "CheckpointFact", "DetachedStart", "GpuHealth", "GpuHealthReport", "GpuStat", "HostFacts",
+    "HostSample", "HostTop", "KilledProcess", "LogLine", "LogsFound", "MasterPortFact", "ModuleLookupFact",
+    "NcclChoice",
     "PortOwner", "PortReport", "RankError", "RankPhase", "RankSteps", "RefusedProcess", "RunningJob",
-    "StepWindow", "StoppedJob", "SuperviseResult", "TopNode", "UnseenSocket", "decode", "one_line",
-    "selected_gpus",
+    "StepWindow", "StoppedJob", "SuperviseResult", "TopNode", "UnseenSocket", "XidEvent", "decode",
+    "one_line", "selected_gpus",
 ]
 
 T = TypeVar("T")
@@ -195,6 +197,10 @@ def parse_logs(r: Mapping[str, Any], host: str = "") -> LogsFound:
 
 def parse_top(host: str, r: Mapping[str, Any]) -> HostTop:
     return decode(HostTop, r, host, "top reply", {"host": host})
+
+
+def parse_gpu_health(host: str, r: Mapping[str, Any]) -> GpuHealthReport:
+    return decode(GpuHealthReport, r, host, "gpu_health reply", {"host": host})
 
 
 # -- facts -------------------------------------------------------------------------------------

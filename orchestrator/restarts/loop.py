@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from inventory import ConfigError, Host, Job, Rendezvous
+from inventory import ConfigError, Job
 from orchestrator.checks.model import CheckStatus
 from orchestrator.errors import HostError, HostsFailed, LaunchBlocked
 from orchestrator.launch import core
@@ -28,7 +28,9 @@ from orchestrator.launch.plan import ATTEMPT_ENV, PREV_FAILURE_ENV, RUN_ID_ENV, 
 from orchestrator.launch.preflight import ChecksFailed
 from orchestrator.launch.result import HostState, RunResult, clock
 from orchestrator.launch.signals import StopSignal, stop_signals_raise
+from orchestrator.restarts import hostledger
 from orchestrator.restarts.fence import Suspect, fence
+from orchestrator.restarts.places import NoHosts, fill, rendezvous_without
 
 EXIT_DETERMINISTIC = 70  # not restarted: it would fail the same way again (BSD's EX_SOFTWARE)
 BACKOFF_TICK = 0.2  # a backoff wakes this often to honour Ctrl-C at once
@@ -143,10 +145,6 @@ class RestartedRun:
         return path
 
 
-class NoHosts(Exception):
-    """Too few hosts are left to go on (no spare, no min_nodes low enough)."""
-
-
 def classify(result: RunResult, job: Job, number: int, previous: Sequence[AttemptRecord]) -> Verdict:
     """What a failed attempt's result says about the next one (the failure classes: docs/restarts.md)."""
     if result.signal is not None or result.interrupted:
@@ -256,18 +254,6 @@ def restart_env(run_id: str, number: int, previous: str | None) -> dict[str, str
     return env
 
 
-def _without(job: Job, hosts: Sequence[Host]) -> Rendezvous:
-    """The rendezvous of an attempt on `hosts`: a master_addr naming a host left out goes (the
-    master is then the first host still in)."""
-    addr = job.rendezvous.master_addr
-    if addr is None:
-        return job.rendezvous
-    named = job.inventory.get(addr)
-    if named is not None and named not in hosts:
-        return replace(job.rendezvous, master_addr=None)
-    return job.rendezvous
-
-
 class Restarts:
     """Runs `job` until it succeeds, is stopped, fails deterministically or spends its budget."""
 
@@ -286,28 +272,43 @@ class Restarts:
         self.spares = list(job.spares)
         self.size = len(job.hosts)
         self.nodes_out: list[str] = []  # Slurm nodes left out (sbatch --exclude)
+        self.quarantine = job.restart.quarantine and job.inventory.quarantine
+        self.named: set[str] = set()  # suspect hosts said already
 
-    def exclude(self, bad: dict[str, str], number: int) -> None:
+    def exclude(self, bad: dict[str, str], number: int, said: bool = False) -> None:
         """Leave `bad` (host -> why) out; spares take their places in inventory order, else the
-        job shrinks as far as min_nodes allows; NoHosts when it cannot go on."""
+        job shrinks as far as min_nodes allows; NoHosts when it cannot go on (`said`: each host's
+        line was said already)."""
         for name, why in bad.items():
             why = why.removeprefix(f"{name}: ")
             self.run.excluded.append(Exclusion(name, why, number))
-            self.cb.on_notice(f"leaving {name} out of attempt {number} on: {why}")
-        self.spares = [h for h in self.spares if h.name not in bad]
-        self.hosts = [h for h in self.hosts if h.name not in bad]
-        while len(self.hosts) < self.size and self.spares:
-            spare = self.spares.pop(0)
-            self.hosts.append(spare)
-            self.cb.on_notice(f"spare {spare.name} takes a place in the next attempt")
-        if len(self.hosts) < self.size:
-            floor = self.job.restart.min_nodes
-            if floor is None or len(self.hosts) < floor or not self.hosts:
-                need = f"[restart] min_nodes = {floor}" if floor is not None else f"all {self.size}"
-                raise NoHosts(f"{len(self.hosts)} host(s) left and no spare ({need} needed; add a host with "
-                              "spare = true to the inventory, or set [restart] min_nodes)")
-            self.cb.on_notice(f"no spare left: the job shrinks to {len(self.hosts)} host(s) of {self.size} "
-                              f"([restart] min_nodes = {floor})")
+            if not said:
+                self.cb.on_notice(f"leaving {name} out of attempt {number} on: {why}")
+        places = fill(self.hosts, self.spares, bad, self.size, self.job.restart.min_nodes)
+        self.hosts, self.spares = places.hosts, places.spares
+        hostledger.say_places(places, self.size, self.cb.on_notice, "the next attempt" if number else "this run")
+
+    def screen(self, number: int) -> str | None:
+        """Before attempt `number`: its quarantined hosts (and spares) left out, as hosts that failed
+        the pre-launch checks are; why it cannot go on, where too few are left (attempt 0: raised)."""
+        if self.job.slurm is not None or not self.quarantine:
+            return None
+        out = hostledger.screen(self.job, [*self.hosts, *self.spares], self.cb.on_notice, self.named)
+        if not out:
+            return None
+        try:
+            self.exclude(out, number, said=True)
+        except NoHosts as no:
+            if number == 0:
+                raise hostledger.refused(no) from None
+            return f"quarantined hosts leave too few: {no}"
+        return None
+
+    def remember(self, job: Job, result: RunResult, verdict: Verdict | None) -> None:
+        """The attempt in the host ledger: its hosts seen, each lost, each host fault, each straggler."""
+        faults = verdict.faults if verdict is not None and verdict.kind is Failure.HOST_FAULT else {}
+        for warning in hostledger.record_attempt(job, result, lost_hosts(result), faults):
+            self.cb.on_notice(f"warning: {warning}")
 
     def exclude_nodes(self, bad: dict[str, str], result: RunResult, number: int) -> None:
         """On Slurm: the faulty nodes (by Slurm's names, as each node's supervisor reported its
@@ -326,7 +327,7 @@ class Restarts:
         if self.job.slurm is not None:
             return replace(self.job, env=env, slurm=replace(self.job.slurm, exclude=tuple(self.nodes_out)))
         hosts = tuple(self.hosts)
-        return replace(self.job, hosts=hosts, env=env, rendezvous=_without(self.job, hosts))
+        return replace(self.job, hosts=hosts, env=env, rendezvous=rendezvous_without(self.job, hosts))
 
     def fence_lost(self, job: Job, result: RunResult, before: int) -> list[dict[str, object]]:
         """No attempt beside a lost one: each host the attempt lost is reached again and its part
@@ -393,6 +394,9 @@ class Restarts:
         while True:
             started = time.time()
             attempt = core.Attempt(self.run_id, f"{self.run_id}.{number}", self.run.run_dir / f"attempt-{number}")
+            blocked = self.screen(number)
+            if blocked is not None:
+                return self.stop(f"not restarting: {blocked}", 1)
             job = self.attempt_job(number, previous)
             if number > 0:
                 self.cb.on_notice(f"attempt {number} on {', '.join(h.name for h in job.hosts)} "
@@ -409,9 +413,11 @@ class Restarts:
             self.run.attempts.append(record)
             self.run.result = result
             if result.ok:
+                self.remember(job, result, None)
                 return self.stop(None, 0)
             verdict = classify(result, self.job, number, self.run.attempts[:-1])
             record.verdict = verdict
+            self.remember(job, result, verdict)
             self.run.signal = result.signal
             if verdict.kind is Failure.STOPPED:
                 return self.stop(f"not restarting: {verdict.reason}", result.exit_code)

@@ -35,7 +35,7 @@ def test_image_classifier_learns_across_two_hosts(cluster2: Cluster, tmp_path: P
 
 def test_doctor_bandwidth_reports_a_monotone_size_table(cluster2: Cluster, tmp_path: Path) -> None:
     job = write_job(tmp_path, cluster2, "bw", env={"NCCL_SOCKET_IFNAME": "eth0", "NCCL_IB_DISABLE": "1"})
-    out = run_ddpctl("doctor", str(job), "--bandwidth", "--pairs", "--max-bytes", "1M", "--json",
+    out = run_ddpctl("doctor", str(job), "--bandwidth", "--max-bytes", "1M", "--json",
                      "--runs-dir", str(tmp_path / "runs"), *ssh_args(cluster2), timeout=300)
     assert out.returncode == 0, out.stdout[-2000:]
     report = json.loads(out.stdout)
@@ -43,7 +43,6 @@ def test_doctor_bandwidth_reports_a_monotone_size_table(cluster2: Cluster, tmp_p
     sizes = [r["size_bytes"] for r in table["results"]]
     assert sizes == sorted(sizes) and sizes[0] == 1024 and sizes[-1] == 1 << 20
     assert table["world_size"] == 2 and all(r["busbw_gbps"] > 0 for r in table["results"])
-    assert list(report["pairs"]) == ["node0<->node1"] and report["pairs"]["node0<->node1"] > 0
 
 
 @pytest.fixture(scope="module")

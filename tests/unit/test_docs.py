@@ -25,7 +25,7 @@ from orchestrator.checks.registry import CHECKS
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"
-PAGES = ("cluster", "job-file", "running", "bare-hosts", "slurm", "restarts", "watching", "python-api",
+PAGES = ("cluster", "job-file", "running", "bare-hosts", "slurm", "restarts", "deep-checks", "watching", "python-api",
          "performance", "architecture", "troubleshooting")
 RUN_COMMAND = "pip install -e '.[train]' && ddpctl up train_jobs/toy/job.toml"
 TEST_COMMAND = "pip install -e '.[test]' && python3 -m pytest -q -p no:cacheprovider"
@@ -288,7 +288,8 @@ def test_the_cluster_page_documents_exactly_the_inventory_keys() -> None:
 # -- troubleshooting: every doctor check and every finding of up -------------------------------------
 
 def test_every_check_doctor_can_report_has_an_entry() -> None:
-    reported = ({name for name, _ in CHECKS} | {"smoke", "bandwidth"} | set(slurm_doctor.CHECK_ORDER))
+    reported = ({name for name, _ in CHECKS} | {"smoke", "bandwidth", "gpu_health", "compute", "links"}
+                | set(slurm_doctor.CHECK_ORDER))
     assert set(explain.CHECK_ORDER) == reported
     folder = Path(explain.__file__).parent
     assert {p.stem for p in folder.glob("*.md")} == reported

@@ -73,7 +73,7 @@ def test_doctor_on_this_machine_prints_json_and_exits_0() -> None:
     assert all(f["explain"] == f"docs/troubleshooting.md#doctor-{f['check']}" for f in data["findings"])
 
 
-@pytest.mark.parametrize("name", ["firewall", "fw", "FW", "ifname", "if", "alloc"])
+@pytest.mark.parametrize("name", ["firewall", "fw", "FW", "ifname", "if", "alloc", "links", "cmp"])
 def test_explain_prints_the_checks_entry_without_contacting_a_host(name: str) -> None:
     from orchestrator.checks import explain
 
@@ -94,6 +94,7 @@ def test_explain_of_an_unknown_check_lists_the_checks() -> None:
 @pytest.mark.parametrize(("args", "text"), [
     (["doctor", "/nonexistent/job.toml"], "/nonexistent/job.toml: job file not found"),
     (["doctor", "--inventory", "/nonexistent/hosts.toml"], "hosts.toml"),
+    (["doctor", "--bandwidth", "--pairs"], "--pairs was replaced by --deep"),
 ])
 def test_bad_input_exits_2_without_traceback(args: list[str], text: str) -> None:
     result = runner.invoke(app, args)

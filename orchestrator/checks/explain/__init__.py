@@ -12,14 +12,16 @@ from importlib import resources
 from pathlib import Path
 
 # Every check doctor can report, in the order of its table's columns: the SSH doctor's checks, the
-# launch-path checks (--smoke, --bandwidth), then the Slurm doctor's controller and allocation checks.
+# launch-path checks (--smoke, --bandwidth, --deep), then the Slurm doctor's controller and allocation checks.
 CHECK_ORDER = (
     "ssh", "python", "gpu", "nproc", "versions", "workdir", "checkpoint", "restarts", "firewall", "port",
-    "ifname", "nccl", "dns", "clock", "smoke", "bandwidth", "slurm", "partition", "proctrack", "alloc",
+    "ifname", "nccl", "dns", "clock", "smoke", "bandwidth", "compute", "links", "gpu_health",
+    "slurm", "partition", "proctrack", "alloc",
 )
 # The table's column headers where they are shorter than the check's name.
 SHORT = {"python": "py", "versions": "ver", "workdir": "wdir", "firewall": "fw", "ifname": "if",
-         "clock": "clk", "checkpoint": "ckpt", "restarts": "rst"}
+         "clock": "clk", "checkpoint": "ckpt", "restarts": "rst", "compute": "cmp", "links": "link",
+         "gpu_health": "gpuh"}
 DOCS_PAGE = "docs/troubleshooting.md"
 BEGIN = "<!-- BEGIN doctor findings"
 END = "<!-- END doctor findings -->"

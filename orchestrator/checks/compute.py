@@ -1,0 +1,82 @@
+"""`compute` (doctor --deep): which host or GPU multiplies matrices far slower than its peers.
+
+Pure: the figures come from train_jobs/hostcheck/check.py (a timed matrix multiply per GPU, bf16,
+or on the CPU where a host has none; throughput over a window, hosts that share a kernel timed in
+turn). Each device is compared with the median of its peers: the other devices of the same model
+(a GPU's name; a CPU's model and thread count). Below 1/SLOW_COMPUTE of it is a finding: a GPU
+throttling (thermal, power brake), a CPU quota, or a host busy with something else.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from orchestrator.checks.base import info, ok, warn
+from orchestrator.checks.model import Finding
+
+CHECK = "compute"
+SLOW_COMPUTE = 2.0  # below half the peers' median is slow
+GPU_FIX = ("look at why the GPU runs slow: `nvidia-smi -q -d PERFORMANCE` (clocks event reasons: thermal, "
+           "power brake, HW slowdown), `nvidia-smi -q -d TEMPERATURE,POWER`, and what else runs on it "
+           "(`nvidia-smi`); this check's gpu_health findings name active throttling")
+CPU_FIX = ("look at what takes the host's CPU: another job (`top`), a cgroup or container CPU quota "
+           "(`cat /sys/fs/cgroup/cpu.max`), a power-saving governor (`cpupower frequency-info`)")
+
+
+@dataclass(frozen=True)
+class DeviceRate:
+    """One device's figure."""
+
+    host: str
+    device: str  # "cpu" or "cuda:<i>" (the index among the host's selected GPUs)
+    model: str  # what it is compared with: a GPU's name, or a CPU's model and threads
+    tflops: float
+    gpu: bool = False
+
+
+def _what(rate: DeviceRate) -> str:
+    """What the finding is about, after its host: the host's CPU, or one of its GPUs."""
+    return f"GPU {rate.device.split(':')[1]}: compute" if rate.gpu else "compute"
+
+
+def _tf(value: float) -> str:
+    return f"{value:.1f} TFLOP/s" if value >= 1 else f"{value * 1000:.1f} GFLOP/s"
+
+
+def slow_devices(rates: Sequence[DeviceRate], slow: float = SLOW_COMPUTE) -> dict[DeviceRate, float]:
+    """device -> its peers' median, for each device below 1/slow of it."""
+    by_model: dict[str, list[DeviceRate]] = defaultdict(list)
+    for r in rates:
+        by_model[r.model].append(r)
+    out: dict[DeviceRate, float] = {}
+    for group in by_model.values():
+        for r in group:
+            peers = [p.tflops for p in group if p is not r]
+            if peers and r.tflops * slow < statistics.median(peers):
+                out[r] = statistics.median(peers)
+    return out
+
+
+def compute_findings(hosts: Sequence[str], rates: Sequence[DeviceRate], slow: float = SLOW_COMPUTE) -> list[Finding]:
+    """A warning per slow device, else one line per host with its figures."""
+    slow_ones = slow_devices(rates, slow)
+    out: list[Finding] = []
+    for host in hosts:
+        own = [r for r in rates if r.host == host]
+        evidence = ", ".join(f"{r.device} {_tf(r.tflops)} ({r.model})" for r in own)
+        flagged = [r for r in own if r in slow_ones]
+        for r in flagged:
+            ref = slow_ones[r]
+            peers = sum(1 for p in rates if p.model == r.model) - 1
+            out.append(warn(CHECK, host, f"{_what(r)} {ref / max(r.tflops, 1e-12):.1f}× below the median "
+                            f"of its {peers} peer(s) ({_tf(r.tflops)} vs {_tf(ref)}, {r.model})", evidence,
+                            GPU_FIX if r.gpu else CPU_FIX))
+        if own and not flagged:
+            alone = all(sum(1 for p in rates if p.model == r.model) == 1 for r in own)
+            text = ", ".join(_tf(r.tflops) for r in own)
+            out.append(info(CHECK, host, f"{text} (no peer of the same model to compare with)", evidence) if alone
+                       else ok(CHECK, host, f"{len(own)} device(s): {text}", evidence))
+    return out

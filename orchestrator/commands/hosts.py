@@ -1,0 +1,103 @@
+"""`ddpctl hosts`: the host ledger, one row per host (runs, last seen, faults, state), and
+`--release HOST` after a repair (orchestrator/hostops/hostbook.py)."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from inventory import load_inventory
+from orchestrator.commands.common import InventoryOpt, JsonOpt, console, err_console, handle_errors
+from orchestrator.hostops.hostbook import HostRow, HostsView, Released, hosts_view, last_fault_text, release_host
+from orchestrator.hostops.quarantine import HostState, duration
+
+ReleaseOpt = Annotated[str | None, typer.Option(
+    "--release", metavar="HOST", help="Release HOST (its name or address) from quarantine after a repair.")]
+STATE_STYLE = {HostState.OK: "green", HostState.SUSPECT: "yellow", HostState.QUARANTINED: "bold red"}
+
+
+@handle_errors
+def hosts_command(inventory: InventoryOpt = None, release: ReleaseOpt = None, as_json: JsonOpt = False) -> None:
+    """Every host's runs, faults and state: ok, suspect or quarantined.
+
+    The host ledger on this machine records each doctor run and each `up` attempt: the hosts seen,
+    each host lost, each host fault, hardware line and straggler. A host with 2 host faults in 24 h
+    (the inventory's quarantine_after, quarantine_window) is quarantined: `up` leaves it out.
+
+    \b
+    Examples:
+      ddpctl hosts -i hosts.toml            # this inventory's hosts, known or not
+      ddpctl hosts --release node1          # back in after a repair
+    """
+    inv = load_inventory(inventory) if inventory is not None else None
+    if release is not None:
+        released = release_host(inv, release)
+        print_warnings(released.warnings)
+        if as_json:
+            console.print_json(json.dumps(released_json(released)))
+        else:
+            was = released.was
+            console.print(escape(f"released {released.record.name} ({released.record.address}): it was "
+                                 f"{was.state.value}" + (f" ({was.reason})" if was.reason else "")
+                                 + "; its faults before now no longer count"))
+        raise typer.Exit(0)
+    view = hosts_view(inv)
+    print_warnings(view.warnings)
+    if as_json:
+        console.print_json(json.dumps(view_json(view)))
+    else:
+        print_view(view)
+
+
+def print_warnings(warnings: list[str]) -> None:
+    for warning in warnings:
+        err_console.print(f"[yellow]warning:[/] {escape(warning)}")
+
+
+def released_json(released: Released) -> dict[str, object]:
+    return {"released": released.record.name, "address": released.record.address,
+            "was": released.was.state.value, "reason": released.was.reason, "warnings": released.warnings}
+
+
+def view_json(view: HostsView) -> dict[str, object]:
+    policy = view.policy
+    return {"ledger": view.path, "quarantine": {"enabled": policy.enabled, "after": policy.after,
+                                                "window_s": policy.window},
+            "hosts": [row.to_json() for row in view.rows], "warnings": view.warnings}
+
+
+def when(at: float | None) -> str:
+    return "never" if at is None else time.strftime("%Y-%m-%d %H:%M", time.localtime(at))
+
+
+def faults_cell(row: HostRow) -> str:
+    counts = ", ".join(f"{kind} {n}" for kind, n in sorted(row.counts.items()))
+    last = last_fault_text(row)
+    return "-" if not counts else f"{counts}; last {last}"
+
+
+def print_view(view: HostsView) -> None:
+    """One row per host; each host not ok with its reason below the table."""
+    if not view.rows:
+        console.print(escape(f"no host in the ledger yet ({view.path}): `ddpctl doctor` and `ddpctl up` fill it"))
+        return
+    table = Table("host", "address", "runs", "last seen", "faults", "mtbf", "state", box=None, pad_edge=False)
+    for row in view.rows:
+        r, j = row.record, row.judgement
+        mtbf = duration(round(j.mtbf)) if j.mtbf is not None else "-"
+        table.add_row(escape(r.name), escape(r.address), str(r.runs), when(r.last_seen), escape(faults_cell(row)),
+                      mtbf, f"[{STATE_STYLE[j.state]}]{j.state.value}[/]")
+    console.print(table)
+    for row in view.rows:
+        if row.judgement.state is HostState.QUARANTINED:
+            console.print(escape(f"{row.record.name}: quarantined ({row.judgement.reason}); release it with: "
+                                 f"ddpctl hosts --release {row.record.name}"))
+        elif row.judgement.state is HostState.SUSPECT:
+            console.print(escape(f"{row.record.name}: suspect ({row.judgement.reason})"))
+    console.print(escape(f"ledger: {view.path}"), style="dim")
+

@@ -1,0 +1,106 @@
+"""The host ledger around `up`'s launches (orchestrator/hostops/ledger.py): before a launch, the
+quarantined hosts are left out (spares take their places, else the job shrinks to [restart]
+min_nodes, else it is refused) and the suspect ones named; after it, what it learned of each host
+is recorded: seen, each host lost, each host fault, each hardware line, each straggler. The ledger
+never stops a launch: its troubles are warnings."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+from inventory import Host, Job
+from orchestrator.errors import LaunchBlocked
+from orchestrator.hostops import hostbook
+from orchestrator.hostops.ledger import Ledger, Note, Sighting
+from orchestrator.hostops.quarantine import EventKind
+from orchestrator.launch.result import RunResult
+from orchestrator.restarts.places import NoHosts, Places, fill, rendezvous_without
+
+Say = Callable[[str], None]
+
+
+def fault_notes(hosts: Mapping[str, Host], lost: Mapping[str, str], faults: Mapping[str, str],
+                findings: Sequence[Mapping[str, Any]]) -> list[Note]:
+    """Each host lost (`lost`: host -> why), each other host fault of the classification (`faults`),
+    and each straggler finding that names a host, as ledger notes."""
+    notes = [Note(hosts[name], EventKind.LOST, why) for name, why in lost.items() if name in hosts]
+    for name, why in faults.items():
+        if name in hosts and name not in lost:
+            why = why.removeprefix(f"{name}: ")
+            kind = EventKind.HARDWARE if why.startswith("hardware error") else EventKind.HOST_FAULT
+            notes.append(Note(hosts[name], kind, why))
+    for f in findings:
+        host = hosts.get(str(f.get("host") or ""))
+        if f.get("kind") == "straggler" and host is not None:
+            at = f.get("at")
+            notes.append(Note(host, EventKind.STRAGGLER, str(f.get("text", "")),
+                              float(at) if isinstance(at, int | float) else None))
+    return notes
+
+
+def record_attempt(job: Job, result: RunResult, lost: Mapping[str, str], faults: Mapping[str, str],
+                   ledger: Ledger | None = None) -> list[str]:
+    """Record one attempt of `job` (an SSH launch; Slurm's nodes are Slurm's): every host it ran
+    on, seen, and its faults; the ledger's warnings."""
+    if job.slurm is not None:
+        return []
+    try:
+        hosts = {h.name: h for h in job.inventory.hosts} | {h.name: h for h in job.hosts}
+        names = {r.host: r.hostname for r in result.hosts}
+        seen = [Sighting(h, names.get(h.name)) for h in job.hosts]
+        notes = fault_notes(hosts, lost, faults, result.findings)
+    except Exception as exc:  # the ledger never stops a launch
+        return [f"host ledger: attempt {result.job_id} not recorded ({exc})"]
+    return (ledger or Ledger()).record(result.job_id, "up", seen, notes)
+
+
+def screen(job: Job, hosts: Sequence[Host], say: Say, named: set[str], ledger: Ledger | None = None) -> dict[str, str]:
+    """The quarantined hosts of `hosts` (name -> why), each said in one line with its release
+    command; each suspect one named once (`named`: those said already); the warnings said."""
+    try:
+        found = hostbook.screen(job, hosts, ledger)
+    except Exception as exc:  # the ledger never stops a launch
+        say(f"warning: host ledger not read ({exc}); no host is left out for its past faults")
+        return {}
+    for warning in found.warnings:
+        say(f"warning: {warning}")
+    for name, why in found.suspect.items():
+        if name not in named:
+            named.add(name)
+            say(hostbook.suspect_line(name, why))
+    for name, why in found.quarantined.items():
+        say(hostbook.quarantine_line(name, why))
+    return {name: f"quarantined ({why})" for name, why in found.quarantined.items()}
+
+
+def refused(no: NoHosts) -> LaunchBlocked:
+    return LaunchBlocked(f"quarantined hosts leave too few to launch: {no}\n  fix: after a repair, release a host "
+                         f"with `{hostbook.release_command('HOST')}` (`ddpctl hosts` lists them); or set "
+                         "[defaults] quarantine = false in the inventory, or [restart] quarantine = false in the job")
+
+
+def say_places(places: Places, size: int, say: Say, where: str) -> None:
+    for spare in places.took:
+        say(f"spare {spare.name} takes a place in {where}")
+    if places.shrunk_to is not None:
+        say(f"no spare left: the job shrinks to {len(places.hosts)} host(s) of {size} "
+            f"([restart] min_nodes = {places.shrunk_to})")
+
+
+def leave_out_quarantined(job: Job, say: Say, ledger: Ledger | None = None) -> Job:
+    """A plain `up` (no restarts): `job` without its quarantined hosts, spares in their places, else
+    shrunk to [restart] min_nodes; LaunchBlocked when too few are left."""
+    if job.slurm is not None:
+        return job
+    out = screen(job, [*job.hosts, *job.spares], say, set(), ledger)
+    if not out:
+        return job
+    try:
+        places = fill(job.hosts, job.spares, out, len(job.hosts), job.restart.min_nodes)
+    except NoHosts as no:
+        raise refused(no) from None
+    say_places(places, len(job.hosts), say, "this run")
+    hosts = tuple(places.hosts)
+    return replace(job, hosts=hosts, rendezvous=rendezvous_without(job, hosts))
