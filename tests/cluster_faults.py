@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
-from tests.cluster import Cluster
+from tests.cluster import Cluster, ClusterError
 
 CPU_CGROUPS = Path("/sys/fs/cgroup/cpu")
 
@@ -37,13 +37,12 @@ def slow_link(cluster: Cluster, i: int, rate: str = "40mbit") -> Iterator[None]:
             _tc(["tc", "-n", h.netns, "qdisc", "del", "dev", "eth0", "root"])
 
 
-def cpu_quota_supported() -> bool:
-    return (CPU_CGROUPS / "cpu.cfs_quota_us").exists()
-
-
 @contextmanager
 def cpu_quota(cluster: Cluster, i: int, percent: int) -> Iterator[None]:
-    """Every session host `i`'s sshd forks from now on gets `percent` % of one core (cgroup v1)."""
+    """Every session host `i`'s sshd forks from now on gets `percent` % of one core (cgroup v1's
+    cpu controller, as ../shared/CLUSTER-RECIPE.md has it)."""
+    if not (CPU_CGROUPS / "cpu.cfs_quota_us").exists():
+        raise ClusterError(f"no cgroup v1 cpu controller at {CPU_CGROUPS}: a host's CPU quota needs one")
     pid = cluster.sshd_pid(i)
     group = CPU_CGROUPS / f"{cluster.prefix}-{cluster.hosts[i].name}-slow"
     group.mkdir()

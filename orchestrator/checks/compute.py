@@ -42,8 +42,9 @@ def _what(rate: DeviceRate) -> str:
     return f"GPU {rate.device.split(':')[1]}: compute" if rate.gpu else "compute"
 
 
-def _tf(value: float) -> str:
-    return f"{value:.1f} TFLOP/s" if value >= 1 else f"{value * 1000:.1f} GFLOP/s"
+def flops_text(tflops: float) -> str:
+    """A figure in TFLOP/s, or GFLOP/s below 1 TFLOP/s."""
+    return f"{tflops:.1f} TFLOP/s" if tflops >= 1 else f"{tflops * 1000:.1f} GFLOP/s"
 
 
 def slow_devices(rates: Sequence[DeviceRate], slow: float = SLOW_COMPUTE) -> dict[DeviceRate, float]:
@@ -66,17 +67,17 @@ def compute_findings(hosts: Sequence[str], rates: Sequence[DeviceRate], slow: fl
     out: list[Finding] = []
     for host in hosts:
         own = [r for r in rates if r.host == host]
-        evidence = ", ".join(f"{r.device} {_tf(r.tflops)} ({r.model})" for r in own)
+        evidence = ", ".join(f"{r.device} {flops_text(r.tflops)} ({r.model})" for r in own)
         flagged = [r for r in own if r in slow_ones]
         for r in flagged:
             ref = slow_ones[r]
             peers = sum(1 for p in rates if p.model == r.model) - 1
             out.append(warn(CHECK, host, f"{_what(r)} {ref / max(r.tflops, 1e-12):.1f}× below the median "
-                            f"of its {peers} peer(s) ({_tf(r.tflops)} vs {_tf(ref)}, {r.model})", evidence,
-                            GPU_FIX if r.gpu else CPU_FIX))
+                            f"of its {peers} peer(s) ({flops_text(r.tflops)} vs {flops_text(ref)}, {r.model})",
+                            evidence, GPU_FIX if r.gpu else CPU_FIX))
         if own and not flagged:
             alone = all(sum(1 for p in rates if p.model == r.model) == 1 for r in own)
-            text = ", ".join(_tf(r.tflops) for r in own)
+            text = ", ".join(flops_text(r.tflops) for r in own)
             out.append(info(CHECK, host, f"{text} (no peer of the same model to compare with)", evidence) if alone
                        else ok(CHECK, host, f"{len(own)} device(s): {text}", evidence))
     return out

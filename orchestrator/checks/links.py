@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 from orchestrator.checks.base import info, ok, warn
 from orchestrator.checks.model import Finding
+from train_jobs.hostcheck.schedule import SLOW_LINK  # the rounds recheck what this check will call slow
 
 CHECK = "links"
-SLOW_LINK = 5.0  # a link below 1/SLOW_LINK of the median is slow (train_jobs/hostcheck/schedule.py agrees)
 HOST_FIX = ("check the host's link: its negotiated speed (`ethtool <if> | grep Speed`, `ibstat`), errors "
             "(`ip -s link`), cable and switch port, and that NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME name "
             "its fast interface; leave it out of the job until it is fixed")

@@ -232,28 +232,23 @@ def run_launch_checks(report: Report, job: Job, pool: HostPool, notice: Callable
         report.findings += [Finding(c, CheckStatus.SKIP, None, "not run: other checks failed",
                                     fix="fix the errors above, then rerun") for c in wanted]
         return None
+    backend = SshBackend(pool)  # one for every launch-path job
     if launch_path.smoke:
         notice("running the gloo all_reduce smoke test through the launch path")
-        report.findings += smoke_findings(job, SshBackend(pool), launch_path.runs_dir)
+        report.findings += smoke_findings(job, backend, launch_path.runs_dir)
     bw = None
     if launch_path.bandwidth and not report.count(CheckStatus.FAIL):
         notice("timing all_reduce across the hosts")
-        bw = bandwidth_report(job, SshBackend(pool), launch_path.runs_dir, launch_path.max_bytes)
+        bw = bandwidth_report(job, backend, launch_path.runs_dir, launch_path.max_bytes)
         report.findings += bw.findings
         report.bandwidth = bw.table
     if launch_path.deep and not report.count(CheckStatus.FAIL):
-        run_deep(report, job, pool, notice, launch_path, timeout)
+        from orchestrator.doctor.deep import deep_report
+
+        deep = deep_report(job, backend, pool, launch_path.runs_dir, timeout, notice)
+        report.findings += deep.findings
+        report.deep = deep.figures
     return bw
-
-
-def run_deep(report: Report, job: Job, pool: HostPool, notice: Callable[[str], None], launch_path: LaunchPathChecks,
-             timeout: float) -> None:
-    from orchestrator.doctor.deep import deep_report
-    from orchestrator.launch.backends.ssh import SshBackend
-
-    deep = deep_report(job, SshBackend(pool), pool, launch_path.runs_dir, timeout, notice)
-    report.findings += deep.findings
-    report.deep = deep.figures
 
 
 def render_bandwidth(bw: BandwidthReport, out: Console) -> None:
@@ -275,17 +270,15 @@ def _size(n: int) -> str:
 
 def render_deep(figures: dict[str, Any], out: Console) -> None:
     """--deep's figures per host: each device's compute, and the range of its links."""
+    from orchestrator.checks.compute import flops_text
+
     hosts: list[str] = figures["hosts"]
     table = Table("host", "compute", "links (slowest .. fastest, MB/s)",
                   title=f"doctor --deep: {figures['rounds']} round(s), {figures['backend']}")
     for rank, host in enumerate(hosts):
         devices = [d for d in figures["compute"] if d["rank"] == rank]
-        compute = ", ".join(_flops(d["tflops"]) for d in devices)
+        compute = ", ".join(flops_text(d["tflops"]) for d in devices)
         rates = sorted(link["mbps"] for link in figures["links"] if rank in (link["a"], link["b"]))
         links = f"{rates[0]:,.0f} .. {rates[-1]:,.0f} ({len(rates)})" if rates else "-"
         table.add_row(host, compute, links)
     out.print(table)
-
-
-def _flops(tflops: float) -> str:
-    return f"{tflops:.1f} TFLOP/s" if tflops >= 1 else f"{tflops * 1000:.1f} GFLOP/s"

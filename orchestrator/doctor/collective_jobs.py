@@ -55,7 +55,13 @@ def bandwidth(job: Job, backend: Backend, runs_dir: Path, max_bytes: str = "64M"
     program = InlineProgram(sources, "train_jobs.allreduce_bench.bench",
                             ("--json", "--max-bytes", max_bytes, "--iters", "5", "--warmup", "2"))
     run = run_collective(job, backend, "ddpctl-bandwidth", program, runs_dir, deadline)
+    return run, result_line(run, "BANDWIDTH ")
+
+
+def result_line(run: CollectiveRun, prefix: str) -> dict[str, Any] | None:
+    """The JSON a collective job printed after `prefix` (rank 0's result), if it did."""
     for _host, _rank, text in run.output.lines:
-        if text.startswith("BANDWIDTH "):
-            return run, json.loads(text[len("BANDWIDTH "):])
-    return run, None
+        if text.startswith(prefix):
+            parsed: dict[str, Any] = json.loads(text[len(prefix):])
+            return parsed
+    return None

@@ -9,7 +9,6 @@ The first two are one short job through the real launch path, one rank per host,
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +21,7 @@ from orchestrator.checks.links import CHECK as LINKS
 from orchestrator.checks.links import LinkRate, LinkRounds, link_findings
 from orchestrator.checks.model import CheckStatus, Finding
 from orchestrator.doctor.collective import failure_evidence, launch_error
-from orchestrator.doctor.collective_jobs import CollectiveRun, run_collective
+from orchestrator.doctor.collective_jobs import result_line, run_collective
 from orchestrator.doctor.gpu_health import gpu_health_round
 from orchestrator.errors import HostError, HostsFailed, LaunchBlocked
 from orchestrator.launch.backends.base import Backend
@@ -51,14 +50,6 @@ def program(links_budget: float, nbytes: int) -> InlineProgram:
                          ("--links-budget", f"{links_budget:g}", "--bytes", str(nbytes)))
 
 
-def parse(run: CollectiveRun) -> dict[str, Any] | None:
-    for _host, _rank, text in run.output.lines:
-        if text.startswith(RESULT):
-            parsed: dict[str, Any] = json.loads(text[len(RESULT):])
-            return parsed
-    return None
-
-
 def analyse(hosts: list[str], figures: dict[str, Any]) -> list[Finding]:
     """The compute and links findings of one run's figures (`hosts`: by rank)."""
     devices = [DeviceRate(hosts[row["rank"]], row["device"], row["model"], float(row["tflops"]),
@@ -84,7 +75,7 @@ def deep_report(job: Job, backend: Backend, pool: HostPool, runs_dir: Path, time
     except (HostError, HostsFailed, LaunchBlocked) as exc:
         out.findings += [launch_error(check, exc) for check in JOB_CHECKS]
         return out
-    out.figures = parse(run)
+    out.figures = result_line(run, RESULT)
     if out.figures is None:
         out.findings += [Finding(check, CheckStatus.FAIL, run.result.first_failure.host if run.result.first_failure
                                  else None, "the host check printed no result",

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from tests.cluster import Cluster, require_cluster, start_cluster
-from tests.cluster_faults import cpu_quota, cpu_quota_supported, slow_link
+from tests.cluster_faults import cpu_quota, slow_link
 from tests.ddpctl_run import run_ddpctl, ssh_args, write_job
 
 pytestmark = pytest.mark.cluster
@@ -60,8 +60,6 @@ def test_a_healthy_cluster_gives_no_deep_finding_in_repeated_runs(cluster5: Clus
 
 
 def test_deep_names_the_slow_link_and_the_slow_host_each_with_its_kind(cluster5: Cluster, tmp_path: Path) -> None:
-    if not cpu_quota_supported():
-        pytest.skip("no cgroup v1 cpu hierarchy for a CPU quota")
     slow, throttled = cluster5.hosts[1].name, cluster5.hosts[3].name
     with slow_link(cluster5, 1, "40mbit"), cpu_quota(cluster5, 3, 20):
         report = deep(cluster5, tmp_path)

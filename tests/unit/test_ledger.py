@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import shutil
 import sqlite3
+import tempfile
 import time
 from pathlib import Path
 
@@ -151,16 +153,26 @@ def test_a_locked_ledger_is_a_warning_after_the_busy_timeout_not_a_block(tmp_pat
     assert not list(tmp_path.glob("*.corrupt-*"))  # locked is not corrupt
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes read-only files")
-def test_a_read_only_directory_is_a_warning(tmp_path: Path) -> None:
-    state = tmp_path / "ro"
-    state.mkdir()
-    state.chmod(0o500)
+def _record_in(path: str, out: multiprocessing.SimpleQueue[list[str]]) -> None:
+    if os.geteuid() == 0:  # root writes read-only files: the ledger's user here is nobody
+        os.setgid(65534)
+        os.setuid(65534)
+    out.put(Ledger(Path(path)).record("run-1", "up", [Sighting(NODE1)]))
+
+
+def test_a_read_only_directory_is_a_warning() -> None:
+    state = Path(tempfile.mkdtemp(prefix="ddpctl-ro-"))  # under /tmp: a user other than root can reach it
     try:
-        warnings = Ledger(state / "hosts.sqlite").record("run-1", "up", [Sighting(NODE1)])
+        state.chmod(0o555)
+        out: multiprocessing.SimpleQueue[list[str]] = multiprocessing.SimpleQueue()
+        child = multiprocessing.get_context("fork").Process(target=_record_in, args=(str(state / "hosts.sqlite"), out))
+        child.start()
+        child.join(30)
+        assert child.exitcode == 0, "the ledger raised instead of warning"
+        warnings = out.get()
     finally:
-        state.chmod(0o700)
-    assert len(warnings) == 1 and "skipped" in warnings[0]
+        shutil.rmtree(state)
+    assert len(warnings) == 1 and "skipped" in warnings[0], warnings
 
 
 def test_a_state_directory_that_cannot_be_made_is_a_warning(tmp_path: Path) -> None:

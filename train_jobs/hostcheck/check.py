@@ -195,8 +195,8 @@ def links_phase(args: argparse.Namespace, rank: int, world: int, device: torch.d
                 ctl: Any) -> tuple[list[dict[str, Any]], int, bool]:
     """(one row per pair measured, rounds run, whether every pair was measured)."""
     tournament = schedule.round_robin(world)
-    rates: dict[schedule.Pair, float] = {}
-    rows: list[dict[str, Any]] = []
+    rates: dict[schedule.Pair, float] = {}  # a pair's best figure
+    seen_in: dict[schedule.Pair, list[int]] = {}  # the rounds that measured it
     started, played, number, rechecked = time.monotonic(), 0, 0, False
     while True:
         plan: list[Any] = [None]
@@ -206,14 +206,13 @@ def links_phase(args: argparse.Namespace, rank: int, world: int, device: torch.d
         dist.broadcast_object_list(plan, src=0, group=ctl)
         kind, rounds = plan[0]
         if kind == "done":
-            best = [{"a": a, "b": b, "mbps": v, "measured": sum(1 for r in rows if (r["a"], r["b"]) == (a, b)),
-                     "rounds": [r["round"] for r in rows if (r["a"], r["b"]) == (a, b)]} for (a, b), v in rates.items()]
-            return best, number, played == len(tournament)
+            rows = [{"a": a, "b": b, "mbps": v, "measured": len(seen_in[(a, b)]), "rounds": seen_in[(a, b)]}
+                    for (a, b), v in rates.items()]
+            return rows, number, played == len(tournament)
         for pairs in rounds:
-            got = run_round(number, pairs, args, rank, world, device, ctl)
-            rows += [{"a": a, "b": b, "mbps": v, "round": number, "recheck": kind == "recheck"}
-                     for (a, b), v in got.items()]
-            rates.update({p: max(v, rates.get(p, 0.0)) for p, v in got.items()})  # a pair's best
+            for p, v in run_round(number, pairs, args, rank, world, device, ctl).items():
+                rates[p] = max(v, rates.get(p, 0.0))
+                seen_in.setdefault(p, []).append(number)
             number += 1
         played += kind == "tournament"
         rechecked = rechecked or kind == "recheck"
