@@ -195,14 +195,12 @@ def fact_master_port(req: Dict[str, Any]) -> Dict[str, Any]:
         out["bindable"] = bool(req["_bound_by_probe"])
         out["bind_error"] = req.get("_bind_error")
     else:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                s.bind(("0.0.0.0", port))
-                out["bindable"] = True
-            except OSError as exc:
-                out["bindable"] = False
-                out["bind_error"] = str(exc)
+        from node_agent.probe import bind_error
+
+        error = bind_error(port)
+        out["bindable"] = error is None
+        if error is not None:
+            out["bind_error"] = error
     if out["bindable"]:
         return out
     from node_agent.ports import find_owners

@@ -14,6 +14,7 @@ import pwd
 import time
 from pathlib import Path
 
+from node_agent.probe import bind_error
 from node_agent.procfs import iter_stats, proc_cmdline, process_groups, read_stat
 from node_agent.replies import wire
 from node_agent.replies_ports import KilledProcess, PortOwner, PortReport, RefusedProcess, UnseenSocket
@@ -223,9 +224,13 @@ def find_owners(port: int, proto: str = "tcp") -> Dict[str, Any]:
         entry["laddr"], entry["raddr"] = entry["sockets"][0]["laddr"], entry["sockets"][0]["raddr"]
     time_wait = [s for s in sockets if s["status"] == "TIME_WAIT" and not s["inode"]]
     unseen = unseen_sockets(sockets, holders)
+    # No holder is not yet free: a TIME_WAIT of a socket without SO_REUSEADDR still refuses the
+    # bind torchrun's store makes, and so does a killed holder's socket for a moment.
+    refused = bind_error(port, proto) if not owners and not unseen else None
     return {"port": port, "proto": proto, "owners": sorted(owners.values(), key=lambda o: o["pid"]),
             "unseen": unseen, "time_wait": len(time_wait),
-            "time_wait_max_s": max([s["timer_s"] for s in time_wait] or [0.0]), "free": not owners and not unseen}
+            "time_wait_max_s": max([s["timer_s"] for s in time_wait] or [0.0]),
+            "free": not owners and not unseen and refused is None, "bind_error": refused}
 
 
 def ancestors(pid: int) -> Set[int]:
@@ -296,14 +301,18 @@ def whole_groups(pids: Iterable[int]) -> List[int]:
     return sorted(p for p in chosen if p != mine and p in groups and set(groups[p]) <= chosen)
 
 
-def wait_free(port: int, proto: str, timeout: float, targets: Set[int]) -> Dict[str, Any]:
-    """Poll (bounded) until no killed pid still holds the port; refused holders are not waited for."""
+def wait_free(port: int, proto: str, timeout: float, targets: Set[int], unseen_before: int = 0) -> Dict[str, Any]:
+    """Poll (bounded) until no killed pid holds the port any more and, where no one else does,
+    until it binds again: a killed holder's socket can outlive its last visible fd by a moment (an
+    unseen socket more than the `unseen_before` there were), and a server started then (torchrun's
+    store) fails with EADDRINUSE. Refused holders are not waited for."""
     deadline = time.monotonic() + timeout
-    info = find_owners(port, proto)
-    while any(o["pid"] in targets for o in info["owners"]) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    while True:
         info = find_owners(port, proto)
-    return info
+        held = any(o["pid"] in targets for o in info["owners"]) or len(info["unseen"]) > unseen_before
+        if not (held or info["bind_error"]) or time.monotonic() >= deadline:
+            return info
+        time.sleep(0.1)
 
 
 def unseen_reason(sock: Dict[str, Any]) -> str:
@@ -334,6 +343,7 @@ def report(info: Dict[str, Any], **outcome: Any) -> Dict[str, Any]:
     return wire(PortReport(
         port=info["port"], proto=info["proto"], owners=tuple(owner_reply(o) for o in info["owners"]),
         time_wait=info["time_wait"], time_wait_max_s=float(info["time_wait_max_s"]), free=info["free"],
+        bind_error=info["bind_error"],
         unseen=tuple(UnseenSocket(str(u["status"]), str(u["laddr"]), str(u["user"])) for u in info["unseen"]),
         **outcome))
 
@@ -365,8 +375,9 @@ def kill_port(request: Dict[str, Any], control: BinaryIO) -> Dict[str, Any]:
                                  p in owner_pids) for p in everyone if p not in done.left)
     errors = tuple("pid %s: %s" % (e.get("pid"), e.get("error")) for e in done.errors) + \
         tuple("pid %d: still alive after SIGKILL" % p for p in done.left)
-    after = wait_free(port, proto, 5.0, set(everyone))
-    now = dict(info, free=after["free"], time_wait=after["time_wait"], time_wait_max_s=after["time_wait_max_s"])
+    after = wait_free(port, proto, 5.0, set(everyone), len(info["unseen"]))
+    now = dict(info, free=after["free"], time_wait=after["time_wait"], time_wait_max_s=after["time_wait_max_s"],
+               bind_error=after["bind_error"])
     return report(now, refused=refused, killed=killed, errors=errors, free_after=after["free"],
                   after=tuple(owner_reply(o) for o in after["owners"]), exit_code=0 if after["free"] else 1)
 

@@ -39,6 +39,21 @@ def _bind(port: int) -> socket.socket:
     return s
 
 
+def bind_error(port: int, proto: str = "tcp") -> Optional[str]:
+    """Why a server could not bind `port` on this host now (None: it could), tried as torchrun's
+    store binds (every IPv4 address; TCP with SO_REUSEADDR, so a TIME_WAIT it may reuse is no
+    conflict). The socket is closed at once and never listens."""
+    kind = socket.SOCK_DGRAM if proto == "udp" else socket.SOCK_STREAM
+    with socket.socket(socket.AF_INET, kind) as s:
+        if kind == socket.SOCK_STREAM:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("0.0.0.0", port))
+        except OSError as exc:
+            return str(exc)
+    return None
+
+
 def _drain(conn: socket.socket, conns: List[socket.socket]) -> None:
     try:
         data = conn.recv(4096)

@@ -75,8 +75,12 @@ class PortReport:
     errors: Tuple[str, ...] = ()  # signals that could not be sent, processes that survived SIGKILL
     free_after: Optional[bool] = None  # None: nothing was attempted
     unseen: Tuple[UnseenSocket, ...] = ()
-    # No process holds the port at the op's end (TIME_WAIT alone does not stop a SO_REUSEADDR bind).
+    # No process holds the port at the op's end, and it binds as torchrun's store binds (with
+    # SO_REUSEADDR: a TIME_WAIT of a socket that set it too is no conflict).
     free: bool = True
+    # Where no process holds the port, why that bind still fails: a TIME_WAIT of a socket without
+    # SO_REUSEADDR (until its timer ends), or a closing socket. None: it binds, or a process holds it.
+    bind_error: Optional[str] = None
     after: Optional[Tuple[PortOwner, ...]] = None  # kill_port: the holders left once it waited
     dry_run: bool = False
     exit_code: int = 0

@@ -94,6 +94,16 @@ def describe_free(r: PortReport) -> str:
     return f"{r.host}: port {r.port} is free"
 
 
+def describe_unbound(r: PortReport) -> str:
+    """No process holds the port, yet a bind fails: say what still sits on it and what to do."""
+    if r.time_wait:
+        return (f"{r.host}: port {r.port} has no process, yet it does not bind ({r.bind_error}): its "
+                f"{r.time_wait} TIME_WAIT socket(s) did not set SO_REUSEADDR and refuse torchrun's store "
+                f"for ≤ {max(1, round(r.time_wait_max_s))} s; wait, or use another port")
+    return (f"{r.host}: port {r.port} has no process, yet it does not bind ({r.bind_error}); "
+            "look again in a moment, or use another port")
+
+
 def stdin_is_terminal() -> bool:
     return sys.stdin.isatty()
 
@@ -141,8 +151,9 @@ def kill_port_command(
     HOST` would. Without --force, other users' processes and system services (sshd, systemd) are
     refused, saying why; pid 1 and ddpctl's own session never are. On a terminal it asks first;
     when stdin is not a terminal it refuses to kill unless --yes is given (exit 1).
-    A port held only by TIME_WAIT sockets is reported, not killed. Exit 0 when the port is free
-    on every host asked (--dry-run included), 1 otherwise, 2 on bad input.
+    A port held only by TIME_WAIT sockets is reported, not killed. Free means no process holds
+    it and it binds as torchrun's store binds. Exit 0 when the port is free on every host asked
+    (--dry-run included), 1 otherwise, 2 on bad input.
 
     \b
     Examples:
@@ -203,6 +214,8 @@ def show_results(reports: list[PortReport]) -> None:
         elif r.free:
             tw = f" ({r.time_wait} TIME_WAIT socket(s) left, no process)" if r.time_wait else ""
             console.print(f"{r.host}: port {r.port} is now free{tw}", markup=False)
+        elif r.bind_error and not (r.after if r.free_after is not None else r.owners):
+            console.print(describe_unbound(r), markup=False)
         else:
             after = r.after if r.free_after is not None else None
             pids = [o.pid for o in (after if after is not None else r.owners)]

@@ -266,6 +266,7 @@ def settle_master_port(job: Job, pool: HostPool, facts: dict[str, HostFacts], fr
     notice(f"freed master port {port} on {master.name}: killed pid(s) {killed or '-'}"
            + (f" of stale job(s) {', '.join(jobs)}" if jobs else ""))
     if not report.free:
-        why = "; ".join([r.reason for r in report.refused] + list(report.errors)) or "unknown"
+        unbound = [f"no process holds it, yet it does not bind ({report.bind_error})"] if report.bind_error else []
+        why = "; ".join([r.reason for r in report.refused] + list(report.errors) + unbound) or "unknown"
         raise LaunchBlocked(f"master port {port} on {master.name} is still busy after freeing it: {why}")
     return port

@@ -164,7 +164,7 @@ def test_stale_listener_of_an_earlier_job_is_freed_and_a_foreign_one_blocks(clus
     stale = listener(cluster2, port, {"DDPCTL_JOB_ID": "old-job-1234"})
     job = write_job(tmp_path, cluster2, "stale", ["--epochs", "1"], port=port)
     out = run_ddpctl("up", str(job), "--runs-dir", str(tmp_path / "runs"), *ssh_args(cluster2))
-    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.returncode == 0, out.stderr[:2000] + "\n...\n" + out.stderr[-2000:]
     assert f"freed master port {port} on node0: killed pid(s) {stale.pid}" in out.stderr
     assert "old-job-1234" in out.stderr
     assert stale.wait(timeout=10) is not None

@@ -9,12 +9,15 @@ import re
 import shutil
 import signal
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from node_agent.runstate import alive, job_pids
 from tests.ddpctl_run import REPO, only_summary, run_ddpctl, wait_for, write_job
+from tests.unit.ports_listeners import TIME_WAIT_MAKER, reap
 
 IDENTITY = re.compile(r"rank=(\d) local_rank=(\d) world_size=(\d) node_rank=(\d) params_identical=(\w+)")
 
@@ -98,3 +101,24 @@ def test_a_second_ctrl_c_after_the_job_ended_still_exits_130(tmp_path: Path) -> 
             proc.kill()
     assert proc.returncode == 130, err.read_text()[-2000:]
     assert only_summary(tmp_path / "runs")["interrupted"] is True
+
+
+def test_a_freed_master_port_that_does_not_bind_stops_the_launch_saying_why(tmp_path: Path) -> None:
+    """A stale job's holder is killed, but its own TIME_WAIT (no SO_REUSEADDR) still refuses
+    torchrun's store: the launch stops there, not in a rendezvous that fails with EADDRINUSE."""
+    stale = subprocess.Popen([sys.executable, "-c", TIME_WAIT_MAKER], stdout=subprocess.PIPE, text=True,
+                             env={**os.environ, "DDPCTL_JOB_ID": "old-job-77"})
+    try:
+        assert stale.stdout is not None
+        port = int(stale.stdout.readline())
+        with socket.create_connection(("127.0.0.1", port)) as cli:
+            assert cli.recv(1) == b""  # the holder closed first: the TIME_WAIT is its own
+        job = write_job(tmp_path, None, "unbound", ["--epochs", "1"], port=port)
+        out = run_ddpctl("up", str(job), "--runs-dir", str(tmp_path / "runs"), timeout=120)
+        assert out.returncode == 1, out.stderr[-3000:]
+        assert f"killed pid(s) {stale.pid} of stale job(s) old-job-77" in out.stderr
+        assert f"master port {port} on localhost is still busy after freeing it: no process holds it, " \
+               "yet it does not bind" in out.stderr
+        assert "Traceback" not in out.stderr and not list((tmp_path / "runs").glob("*/summary.json"))
+    finally:
+        reap(stale, [])

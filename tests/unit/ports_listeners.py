@@ -93,10 +93,13 @@ def wait_until(predicate: Callable[[], bool], timeout: float = 20.0, what: str =
         time.sleep(0.05)
 
 
-def time_wait_port() -> int:
+def time_wait_port(reuse: bool = True) -> int:
     """A port whose only trace is a TIME_WAIT socket: the accepted (server) side closes first,
-    so TIME_WAIT lands on the listening port's number; then the listener closes too."""
+    so TIME_WAIT lands on the listening port's number; then the listener closes too. `reuse`: the
+    listener set SO_REUSEADDR as torchrun's store does, so its TIME_WAIT refuses no such bind."""
     with socket.socket() as srv:
+        if reuse:
+            srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         srv.bind(("127.0.0.1", 0))
         srv.listen()
         port = srv.getsockname()[1]
@@ -108,6 +111,19 @@ def time_wait_port() -> int:
                and all(s["status"] == "TIME_WAIT" for s in proc_sockets(port, "tcp")),
                what=f"TIME_WAIT alone on port {port}")
     return port
+
+# Holds the port and makes a TIME_WAIT of its own on it (no SO_REUSEADDR): the accepted side closes
+# first. Killing it leaves no process on the port, yet the port does not bind for a minute.
+TIME_WAIT_MAKER = """
+import socket, time
+s = socket.socket()
+s.bind(("127.0.0.1", 0))
+s.listen()
+print(s.getsockname()[1], flush=True)
+conn, _ = s.accept()
+conn.close()
+time.sleep(600)
+"""
 
 # A stand-in torchrun agent (the file is named torchrun): worker 0 holds the port, worker 1 only lives.
 FAKE_TORCHRUN = """

@@ -137,6 +137,15 @@ def test_time_wait_only_is_reported_not_killed() -> None:
     assert "killed pid" not in result.output
 
 
+def test_a_time_wait_that_refuses_the_bind_is_not_called_free() -> None:
+    port = time_wait_port(reuse=False)  # its listener did not set SO_REUSEADDR: torchrun's store cannot bind
+    result = runner.invoke(app, ["kill-port", str(port), "--yes"])
+    assert result.exit_code == 1, result.output
+    assert f"port {port} has no process, yet it does not bind" in result.output
+    assert "did not set SO_REUSEADDR" in result.output and "use another port" in result.output
+    assert "killed pid" not in result.output and "nothing to kill" not in result.output
+
+
 def test_other_users_process_refused_then_forced() -> None:
     if os.getuid() != 0 or not Path(SYSTEM_PYTHON).exists():
         pytest.skip(f"needs root and {SYSTEM_PYTHON}")

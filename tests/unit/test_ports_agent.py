@@ -6,6 +6,7 @@ import io
 import os
 import pwd
 import socket
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from orchestrator.remote.agent import call_agent
 from orchestrator.remote.transport import LocalTransport
 from tests.unit.ports_listeners import (
     LISTENER,
+    TIME_WAIT_MAKER,
     NOBODY,
     SYSTEM_PYTHON,
     Listener,
@@ -164,6 +166,27 @@ def test_time_wait_only_is_reported_not_killed(backend: str) -> None:
     assert 0 < found["time_wait_max_s"] <= 120
     result = kill(port)
     assert result["killed"] == [] and result["exit_code"] == 0 and result["time_wait"] >= 1
+    assert result["bind_error"] is None
+
+
+def test_a_time_wait_without_reuseaddr_is_not_free(backend: str) -> None:
+    """Its TIME_WAIT refuses the SO_REUSEADDR bind torchrun's store makes: no holder, not free."""
+    port = time_wait_port(reuse=False)
+    found = ports.find_owners(port)
+    assert found["owners"] == [] and found["time_wait"] >= 1
+    assert found["free"] is False and "in use" in found["bind_error"]
+    result = kill(port)
+    assert result["killed"] == [] and result["exit_code"] == 1 and result["free"] is False
+
+
+def test_a_kill_waits_for_the_port_to_bind_and_says_when_it_does_not() -> None:
+    with started([sys.executable, "-c", TIME_WAIT_MAKER]) as ln:
+        with socket.create_connection(("127.0.0.1", ln.port)) as cli:
+            assert cli.recv(1) == b""  # the holder closed its side first: TIME_WAIT is its
+        result = kill(ln.port)
+        assert ln.gone() and [k["pid"] for k in result["killed"]] == [ln.proc.pid]
+        assert result["after"] == [] and result["time_wait"] >= 1
+        assert result["free_after"] is False and result["exit_code"] == 1 and "in use" in result["bind_error"]
 
 
 def test_agent_without_psutil_over_the_wire() -> None:

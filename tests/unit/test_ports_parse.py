@@ -147,7 +147,7 @@ def test_parse_report_of_a_kill() -> None:
         {"pid": 5, "user": "alice", "cmdline": ["python", "-c", "a\n  b"], "name": "python", "age_s": 3.0,
          "status": "LISTEN", "ddpctl_job_id": "j1", "is_torchrun": False, "refusal": None, "ppid": 1}],
         "unseen": [{"status": "LISTEN", "laddr": "[::]:29489", "user": "bob", "uid": 7}], "time_wait": 2,
-        "time_wait_max_s": 40.5, "free": False}
+        "time_wait_max_s": 40.5, "free": False, "bind_error": None}
     killed = (KilledProcess(5, "python -c a", "SIGKILL", True),)
     raw = json.loads(json.dumps(report(info, killed=killed, refused=(RefusedProcess(None, "unseen"),),
                                        errors=("pid 6: EPERM",), free_after=False)))

@@ -26,7 +26,8 @@ GPU = r.GpuStat(0, "GPU-1", "H100", 99.0, 100.0, 80000.0, 300.5)
 REPLIES: list[Any] = [
     r.PortReport(29500, "tcp", (OWNER,), 2, 40.5, (r.KilledProcess(5, "python -c a", "SIGKILL", True),),
                  (r.RefusedProcess(None, "unseen"),), ("pid 6: EPERM",), False,
-                 (r.UnseenSocket("LISTEN", "[::]:1", "b"),), False, (OWNER,), False, 1),
+                 (r.UnseenSocket("LISTEN", "[::]:1", "b"),), False, "[Errno 98] Address already in use", (OWNER,),
+                 False, 1),
     r.MasterPortFact(29500, False, "in use", (OWNER,)),
     r.CheckpointFact("/ck", True, False, None, None, ("a", "b"), None, None),
     r.ModuleLookupFact(True, "/x/cli.py", "/usr/bin/python3", None),
