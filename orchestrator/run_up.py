@@ -126,7 +126,11 @@ def detach(job: Job, pool: HostPool, runner: Backend, request: UpRequest,
             loop.run_id, job.name, [h.name for h in job.hosts], job.inventory.source, job.source, runner.name, None,
             request.options.reach, detached=True))
         return loop
-    return core.detach(job, runner, observer, request.options)
+    job = screened(job, observer)
+    done = core.detach(job, runner, observer, request.options)
+    for warning in hostledger.record_start(job, done.plan.job_id):
+        observer.on_notice(f"warning: {warning}")
+    return done
 
 
 def launch(job: Job, pool: HostPool, runner: Backend, request: UpRequest,
@@ -135,11 +139,17 @@ def launch(job: Job, pool: HostPool, runner: Backend, request: UpRequest,
     if budget > 0:
         return Restarted(restarts.launch(job, lambda attempt: backend_for(pool, attempt), observer,
                                          request.options, budget, request.run_id, monitors=standard_monitors))
-    if job.restart.quarantine and job.inventory.quarantine:
-        job = hostledger.leave_out_quarantined(job, observer.on_notice)
+    job = screened(job, observer)
     result = core.launch(job, runner, observer, request.options, monitors=standard_monitors)
     remember(job, result, observer)
     return Finished(result)
+
+
+def screened(job: Job, observer: Observer) -> Job:
+    """A launch without restarts: the job less its quarantined hosts (unless quarantine is off)."""
+    if job.restart.quarantine and job.inventory.quarantine:
+        return hostledger.leave_out_quarantined(job, observer.on_notice)
+    return job
 
 
 def remember(job: Job, result: RunResult, observer: Observer) -> None:

@@ -56,6 +56,14 @@ def record_attempt(job: Job, result: RunResult, lost: Mapping[str, str], faults:
     return (ledger or Ledger()).record(result.job_id, "up", seen, notes)
 
 
+def record_start(job: Job, run_id: str, ledger: Ledger | None = None) -> list[str]:
+    """Record a detached launch (`up --detach`): every host it started on, seen. Its faults happen
+    after ddpctl has gone; they reach the ledger only through a run that watches."""
+    if job.slurm is not None:
+        return []
+    return (ledger or Ledger()).record(run_id, "up", [Sighting(h, None) for h in job.hosts])
+
+
 def screen(job: Job, hosts: Sequence[Host], say: Say, named: set[str], ledger: Ledger | None = None) -> dict[str, str]:
     """The quarantined hosts of `hosts` (name -> why), each said in one line with its release
     command; each suspect one named once (`named`: those said already); the warnings said."""

@@ -10,6 +10,7 @@ import sys
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -62,10 +63,14 @@ def up(job: Path, tmp_path: Path, cluster: Cluster) -> tuple[int, str]:
     return done.returncode, done.stdout + done.stderr
 
 
-def states(hosts: Path) -> dict[str, str]:
+def rows(hosts: Path) -> dict[str, dict[str, Any]]:
     done = run_ddpctl("hosts", "-i", str(hosts), "--json", timeout=30)
     assert done.returncode == 0, done.stdout + done.stderr
-    return {h["name"]: h["state"] for h in json.loads(done.stdout)["hosts"]}
+    return {h["name"]: h for h in json.loads(done.stdout)["hosts"]}
+
+
+def states(hosts: Path) -> dict[str, str]:
+    return {name: row["state"] for name, row in rows(hosts).items()}
 
 
 def test_a_host_sigkilled_in_two_runs_is_quarantined_and_the_next_up_runs_on_the_spare(
@@ -85,6 +90,18 @@ def test_a_host_sigkilled_in_two_runs_is_quarantined_and_the_next_up_runs_on_the
     assert "; release it with: ddpctl hosts --release node1" in text
     assert "spare node2 takes a place in this run" in text
     assert "done on node2" in text and "done on node1" not in text
+    # a detached up leaves it out too, and its hosts are recorded as seen
+    before = {name: row["runs"] for name, row in rows(hosts).items()}
+    detached = run_ddpctl("up", str(job), "--detach", "--runs-dir", str(tmp_path / "detached"), *ssh_args(cluster),
+                          timeout=120)
+    text = detached.stdout + detached.stderr
+    assert detached.returncode == 0, text[-3000:]
+    assert "leaving node1 out: quarantined (2 host faults in 24 h: " in text, text[-3000:]
+    assert "spare node2 takes a place in this run" in text
+    (record,) = (tmp_path / "detached").glob("*/detached.json")
+    assert sorted(json.loads(record.read_text())["started"]) == ["node0", "node2"]
+    after = {name: row["runs"] for name, row in rows(hosts).items()}
+    assert after == {"node0": before["node0"] + 1, "node1": before["node1"], "node2": before["node2"] + 1}
     released = run_ddpctl("hosts", "-i", str(hosts), "--release", "node1", timeout=30)
     assert released.returncode == 0 and "released node1" in released.stdout, released.stdout + released.stderr
     assert states(hosts)["node1"] == "ok"

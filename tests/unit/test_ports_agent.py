@@ -20,9 +20,9 @@ from orchestrator.remote.agent import call_agent
 from orchestrator.remote.transport import LocalTransport
 from tests.unit.ports_listeners import (
     LISTENER,
-    TIME_WAIT_MAKER,
     NOBODY,
     SYSTEM_PYTHON,
+    TIME_WAIT_MAKER,
     Listener,
     fake_torchrun_argv,
     listener_argv,

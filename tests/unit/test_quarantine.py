@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -25,6 +26,7 @@ from orchestrator.launch.result import HostRun, RunResult
 from orchestrator.launch.result import HostState as RunState
 from orchestrator.restarts.loop import Restarts
 from orchestrator.run_up import Finished, UpRequest
+from orchestrator.run_up import detach as run_up_detach
 from orchestrator.run_up import launch as run_up_launch
 
 H = 3600.0
@@ -214,6 +216,25 @@ def test_the_job_or_the_inventory_can_turn_quarantine_off(tmp_path: Path, monkey
     job = make_job(max_restarts=0)
     plain_up(replace(job, inventory=replace(job.inventory, quarantine=False)), tmp_path, fake, monkeypatch)
     assert fake.hosts == [["a", "b", "c"]] * 2
+
+
+def test_a_detached_up_leaves_a_quarantined_host_out_and_records_its_hosts(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    faults(B)
+    started: list[list[str]] = []
+
+    def detach(job: Job, backend: Any, observer: Any, options: Any = None) -> Any:
+        started.append([h.name for h in job.hosts])
+        return SimpleNamespace(plan=SimpleNamespace(job_id="detached-1"))
+
+    monkeypatch.setattr(core, "detach", detach)
+    seen = Collected()
+    request = UpRequest(LaunchOptions(runs_dir=tmp_path), max_restarts=0, detach=True)
+    run_up_detach(make_job(max_restarts=0), None, None, request, seen)  # type: ignore[arg-type]
+    assert started == [["a", "c", "s1"]]
+    assert any(n.startswith("leaving b out: quarantined (2 host faults") for n in seen.notices), seen.notices
+    runs = {row.name: row.runs for row in Ledger().read([A, B, C, S1]).hosts}
+    assert runs == {"a": 1, "b": 2, "c": 1, "s1": 1}  # b's two are the faulted runs, before
 
 
 def test_every_restart_attempt_leaves_a_quarantined_host_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
