@@ -214,7 +214,7 @@ def show_results(reports: list[PortReport]) -> None:
         elif r.free:
             tw = f" ({r.time_wait} TIME_WAIT socket(s) left, no process)" if r.time_wait else ""
             console.print(f"{r.host}: port {r.port} is now free{tw}", markup=False)
-        elif r.bind_error and not (r.after if r.free_after is not None else r.owners):
+        elif r.bind_error:  # set only where no process holds the port
             console.print(describe_unbound(r), markup=False)
         else:
             after = r.after if r.free_after is not None else None
