@@ -6,7 +6,7 @@ from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import Any, TypeVar
 
-from orchestrator.checks.model import CheckStatus, Finding, Observations
+from orchestrator.checks.model import Basis, CheckStatus, Finding, Observations
 from orchestrator.remote.wire import HostFacts
 
 K = TypeVar("K", bound=Hashable)
@@ -14,20 +14,23 @@ K = TypeVar("K", bound=Hashable)
 Check = Callable[[Observations], list[Finding]]
 
 
-def ok(check: str, host: str | None, message: str, evidence: str = "") -> Finding:
-    return Finding(check, CheckStatus.OK, host, message, evidence)
+def ok(check: str, host: str | None, message: str, evidence: str = "", basis: Basis | None = None) -> Finding:
+    return Finding(check, CheckStatus.OK, host, message, evidence, basis=basis)
 
 
-def info(check: str, host: str | None, message: str, evidence: str = "", fix: str = "") -> Finding:
-    return Finding(check, CheckStatus.INFO, host, message, evidence, fix)
+def info(check: str, host: str | None, message: str, evidence: str = "", fix: str = "",
+         basis: Basis | None = None) -> Finding:
+    return Finding(check, CheckStatus.INFO, host, message, evidence, fix, basis)
 
 
-def warn(check: str, host: str | None, message: str, evidence: str = "", fix: str = "") -> Finding:
-    return Finding(check, CheckStatus.WARN, host, message, evidence, fix)
+def warn(check: str, host: str | None, message: str, evidence: str = "", fix: str = "",
+         basis: Basis | None = None) -> Finding:
+    return Finding(check, CheckStatus.WARN, host, message, evidence, fix, basis)
 
 
-def fail(check: str, host: str | None, message: str, evidence: str = "", fix: str = "") -> Finding:
-    return Finding(check, CheckStatus.FAIL, host, message, evidence, fix)
+def fail(check: str, host: str | None, message: str, evidence: str = "", fix: str = "",
+         basis: Basis | None = None) -> Finding:
+    return Finding(check, CheckStatus.FAIL, host, message, evidence, fix, basis)
 
 
 def skip(check: str, host: str | None, message: str) -> Finding:

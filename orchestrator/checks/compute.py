@@ -15,10 +15,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from orchestrator.checks.base import info, ok, warn
-from orchestrator.checks.model import Finding
+from orchestrator.checks.model import Basis, Finding
+from train_jobs.hostcheck.verdict import SLOW_COMPUTE  # below half the peers' median is slow
 
 CHECK = "compute"
-SLOW_COMPUTE = 2.0  # below half the peers' median is slow
 GPU_FIX = ("look at why the GPU runs slow: `nvidia-smi -q -d PERFORMANCE` (clocks event reasons: thermal, "
            "power brake, HW slowdown), `nvidia-smi -q -d TEMPERATURE,POWER`, and what else runs on it "
            "(`nvidia-smi`); this check's gpu_health findings name active throttling")
@@ -35,6 +35,7 @@ class DeviceRate:
     model: str  # what it is compared with: a GPU's name, or a CPU's model and threads
     tflops: float
     gpu: bool = False
+    windows: int = 1  # how many timing windows its figure is the best of
 
 
 def _what(rate: DeviceRate) -> str:
@@ -61,20 +62,42 @@ def slow_devices(rates: Sequence[DeviceRate], slow: float = SLOW_COMPUTE) -> dic
     return out
 
 
-def compute_findings(hosts: Sequence[str], rates: Sequence[DeviceRate], slow: float = SLOW_COMPUTE) -> list[Finding]:
-    """A warning per slow device, else one line per host with its figures."""
+@dataclass(frozen=True)
+class Late:
+    """A host that missed its deadline: it did not start the host check, or not finish a window."""
+
+    host: str
+    text: str  # "did not finish its compute test in 5 s; the others took 0.3 s"
+    after_s: float
+    others_s: float | None
+
+
+def compute_findings(hosts: Sequence[str], rates: Sequence[DeviceRate], slow: float = SLOW_COMPUTE,
+                     late: Sequence[Late] = ()) -> list[Finding]:
+    """A warning per slow device and per host late past its deadline, else one line per host
+    with its figures."""
     slow_ones = slow_devices(rates, slow)
     out: list[Finding] = []
+    missed = {m.host: m for m in late}
     for host in hosts:
+        if host in missed:
+            m = missed[host]
+            out.append(warn(CHECK, host, m.text, f"deadline {m.after_s:.1f} s", CPU_FIX + "; or the host is "
+                            "unreachable from the master at the job's port",
+                            basis=Basis(0, (), (), m.others_s, "s")))
+            continue
         own = [r for r in rates if r.host == host]
         evidence = ", ".join(f"{r.device} {flops_text(r.tflops)} ({r.model})" for r in own)
         flagged = [r for r in own if r in slow_ones]
         for r in flagged:
             ref = slow_ones[r]
-            peers = sum(1 for p in rates if p.model == r.model) - 1
+            peers = [p for p in rates if p.model == r.model and p is not r]
             out.append(warn(CHECK, host, f"{_what(r)} {ref / max(r.tflops, 1e-12):.1f}× below the median "
-                            f"of its {peers} peer(s) ({flops_text(r.tflops)} vs {flops_text(ref)}, {r.model})",
-                            evidence, GPU_FIX if r.gpu else CPU_FIX))
+                            f"of its {len(peers)} peer(s) ({flops_text(r.tflops)} vs {flops_text(ref)}, {r.model}; "
+                            f"best of {r.windows} window(s) each)",
+                            evidence, GPU_FIX if r.gpu else CPU_FIX,
+                            basis=Basis(r.windows, tuple(f"{p.host} {p.device}" for p in peers),
+                                        (r.tflops,), ref, "TFLOP/s")))
         if own and not flagged:
             alone = all(sum(1 for p in rates if p.model == r.model) == 1 for r in own)
             text = ", ".join(flops_text(r.tflops) for r in own)

@@ -30,6 +30,23 @@ _RANK = {CheckStatus.SKIP: 0, CheckStatus.OK: 1, CheckStatus.INFO: 2, CheckStatu
 
 
 @dataclass(frozen=True)
+class Basis:
+    """What a measured verdict rests on (doctor --deep): how many measurements, with which
+    partners and their figures, against what reference."""
+
+    measurements: int
+    partners: tuple[str, ...] = ()
+    figures: tuple[float, ...] = ()  # by partner (a host's own figure where it has no partner)
+    reference: float | None = None  # what the figures were compared with (the median)
+    unit: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"measurements": self.measurements, "partners": list(self.partners),
+                "figures": [round(f, 3) for f in self.figures],
+                "reference": None if self.reference is None else round(self.reference, 3), "unit": self.unit}
+
+
+@dataclass(frozen=True)
 class Finding:
     """One result of one check on one host (host None: about the whole cluster)."""
 
@@ -39,10 +56,14 @@ class Finding:
     message: str
     evidence: str = ""
     fix: str = ""
+    basis: Basis | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"check": self.check, "status": self.status.value, "host": self.host,
-                "message": self.message, "evidence": self.evidence, "fix": self.fix}
+        out: dict[str, Any] = {"check": self.check, "status": self.status.value, "host": self.host,
+               "message": self.message, "evidence": self.evidence, "fix": self.fix}
+        if self.basis is not None:
+            out["basis"] = self.basis.to_json()
+        return out
 
 
 @dataclass(frozen=True)

@@ -5,24 +5,32 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.markup import escape
 from rich.table import Table
 
-from inventory import load_inventory
-from orchestrator.commands.common import InventoryOpt, JsonOpt, console, err_console, handle_errors
+from inventory import ConfigError, Inventory, load_inventory
+from orchestrator.commands.common import InventoryOpt, JsonOpt, console, err_console, handle_errors, ssh_flags
 from orchestrator.hostops.hostbook import HostRow, HostsView, Released, hosts_view, last_fault_text, release_host
 from orchestrator.hostops.quarantine import HostState, duration
+from orchestrator.remote.ssh_options import Connection
 
 ReleaseOpt = Annotated[str | None, typer.Option(
     "--release", metavar="HOST", help="Release HOST (its name or address) from quarantine after a repair.")]
+CheckOpt = Annotated[bool, typer.Option(
+    "--check", help="With --release: run the deep checks on the host against hosts the ledger knows good, "
+    "and release it only if they pass.")]
+RunsDirOpt = Annotated[Path, typer.Option("--runs-dir", help="Where --check's logs go.")]
 STATE_STYLE = {HostState.OK: "green", HostState.SUSPECT: "yellow", HostState.QUARANTINED: "bold red"}
 
 
 @handle_errors
-def hosts_command(inventory: InventoryOpt = None, release: ReleaseOpt = None, as_json: JsonOpt = False) -> None:
+@ssh_flags()
+def hosts_command(inventory: InventoryOpt = None, release: ReleaseOpt = None, as_json: JsonOpt = False,
+                  *, connection: Connection, check: CheckOpt = False, runs_dir: RunsDirOpt = Path("runs")) -> None:
     """Every host's runs, faults and state: ok, suspect or quarantined.
 
     The host ledger on this machine records each doctor run and each `up` attempt: the hosts seen,
@@ -32,9 +40,14 @@ def hosts_command(inventory: InventoryOpt = None, release: ReleaseOpt = None, as
     \b
     Examples:
       ddpctl hosts -i hosts.toml            # this inventory's hosts, known or not
-      ddpctl hosts --release node1          # back in after a repair
+      ddpctl hosts -i hosts.toml --release node1 --check   # back in, once it passes
     """
     inv = load_inventory(inventory) if inventory is not None else None
+    if check:
+        if release is None or inventory is None:
+            raise ConfigError("--check goes with --release HOST and -i <inventory>", key="--check",
+                              hint="ddpctl hosts -i hosts.toml --release node3 --check")
+        release_checked(load_inventory(inventory), release, connection, runs_dir, as_json)
     if release is not None:
         released = release_host(inv, release)
         print_warnings(released.warnings)
@@ -52,6 +65,36 @@ def hosts_command(inventory: InventoryOpt = None, release: ReleaseOpt = None, as
         console.print_json(json.dumps(view_json(view)))
     else:
         print_view(view)
+
+
+def release_checked(inv: Inventory, name: str, connection: Connection, runs_dir: Path, as_json: bool) -> None:
+    """--release HOST --check: the deep checks first; exit 0 released, 1 held."""
+    from orchestrator.doctor.release import release_with_check
+
+    def notice(text: str) -> None:
+        if not as_json:
+            err_console.print(f"[dim]hosts: {escape(text)}[/]")
+
+    checked = release_with_check(inv, name, connection, runs_dir, notice=notice)
+    print_warnings(list(checked.warnings) + (checked.released.warnings if checked.released else []))
+    held = [{"check": f.check, "status": f.status.value, "host": f.host, "message": f.message}
+            for f in checked.held_by]
+    if as_json:
+        console.print_json(json.dumps({"host": checked.host, "partners": list(checked.partners),
+                                       "released": checked.passed, "held_by": held,
+                                       "findings": [f.to_json() for f in checked.report.findings
+                                                    if f.host == checked.host]}))
+    elif checked.released is not None:
+        was = checked.released.was
+        console.print(escape(f"released {checked.host}: the deep checks passed against "
+                             f"{', '.join(checked.partners)}; it was {was.state.value}"
+                             + (f" ({was.reason})" if was.reason else "")))
+    else:
+        console.print(escape(f"{checked.host} is not released: the deep checks against "
+                             f"{', '.join(checked.partners)} still name it:"))
+        for f in checked.held_by:
+            console.print(escape(f"  [{f.check}] {f.status.value}: {f.message}"))
+    raise typer.Exit(0 if checked.passed else 1)
 
 
 def print_warnings(warnings: list[str]) -> None:

@@ -13,6 +13,7 @@ from inventory import Job, Rendezvous
 from orchestrator.launch import core
 from orchestrator.launch.backends.base import Backend
 from orchestrator.launch.inline import InlineProgram, train_jobs_sources
+from orchestrator.launch.monitor import MonitorFactory
 from orchestrator.launch.observer import Collected
 from orchestrator.launch.options import LaunchOptions
 from orchestrator.launch.plan import LaunchPlan
@@ -30,15 +31,15 @@ class CollectiveRun:
 
 
 def run_collective(job: Job, backend: Backend, name: str, program: InlineProgram, runs_dir: Path,
-                   deadline: float, nproc: int = 1) -> CollectiveRun:
-    """`program` with `nproc` ranks per host on the job's hosts (static rendezvous), stopped past
-    `deadline` seconds without output."""
+                   deadline: float, nproc: int = 1, monitors: MonitorFactory = standard_monitors) -> CollectiveRun:
+    """`program` with `nproc` ranks per host on the job's hosts (static rendezvous, or each host on
+    its own: InlineProgram.per_host), stopped past `deadline` seconds without output."""
     job = replace(job, name=name, nproc_per_node=nproc,
                   rendezvous=Rendezvous(job.rendezvous.master_addr, job.rendezvous.master_port, "static"))
     out = Collected()
     options = LaunchOptions(grace=3.0, hang_timeout=deadline, on_hang="stop", dump_stacks_on_hang=False,
                             runs_dir=runs_dir, checks=False)  # doctor has just run every check
-    result = core.launch(job, backend, out, options, inline=program, monitors=standard_monitors)  # the hang timeout
+    result = core.launch(job, backend, out, options, inline=program, monitors=monitors)  # the hang timeout
     assert out.plan is not None
     return CollectiveRun(result, out, out.plan)
 

@@ -2,21 +2,25 @@
 would slow or break the job: a timed matrix multiply on every host and GPU (`compute`), link rounds
 between the hosts (`links`), and each GPU's health facts (`gpu_health`).
 
-The first two are one short job through the real launch path, one rank per host, shipped inline
-(train_jobs/hostcheck: the hosts need torch, not this repository); the analysis is pure
-(orchestrator/checks/links.py, compute.py).
+The first two are one short program through the real launch path, run by each host on its own
+(torchrun --standalone) and coordinated by node 0 through a store at the master port, shipped
+inline (train_jobs/hostcheck: the hosts need torch, not this repository). Every wait has a deadline
+derived from the hosts that finished (train_jobs/hostcheck/schedule.py), and a host that misses it
+is named while the rest goes on; once node 0 prints the figures, the hosts still at it are stopped.
+The analysis is pure (orchestrator/checks/links.py, compute.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from inventory import Job
 from orchestrator.checks.compute import CHECK as COMPUTE
-from orchestrator.checks.compute import DeviceRate, compute_findings, slow_devices
+from orchestrator.checks.compute import DeviceRate, Late, compute_findings, slow_devices
 from orchestrator.checks.links import CHECK as LINKS
 from orchestrator.checks.links import LinkRate, LinkRounds, link_findings
 from orchestrator.checks.model import CheckStatus, Finding
@@ -25,8 +29,13 @@ from orchestrator.doctor.collective_jobs import result_line, run_collective
 from orchestrator.doctor.gpu_health import gpu_health_round
 from orchestrator.errors import HostError, HostsFailed, LaunchBlocked
 from orchestrator.launch.backends.base import Backend
+from orchestrator.launch.events import Output
 from orchestrator.launch.inline import InlineProgram, train_jobs_sources
+from orchestrator.launch.monitor import Action, JobView, Monitor, MonitorEvent, Quiet, Stop
+from orchestrator.launch.options import LaunchOptions
+from orchestrator.launch.plan import LaunchPlan
 from orchestrator.remote.pool import HostPool
+from orchestrator.watch.monitors import standard_monitors
 
 RESULT = "DDPCTL-DEEP "
 CHECKS = ("gpu_health", COMPUTE, LINKS)
@@ -34,6 +43,8 @@ JOB_CHECKS = (COMPUTE, LINKS)  # the two the host-check job answers
 LINKS_BUDGET_S = 20.0  # seconds of tournament rounds before the covering schedule takes over
 EXCHANGE_BYTES = 2 << 20  # each way, per timed exchange
 DEADLINE_S = 120.0  # the job is stopped after this long without a line of output
+SOURCES = ("hostcheck/__init__.py", "hostcheck/verdict.py", "hostcheck/schedule.py", "hostcheck/coordinate.py",
+           "hostcheck/check.py")
 
 
 @dataclass
@@ -45,33 +56,81 @@ class DeepReport:
 
 
 def program(links_budget: float, nbytes: int) -> InlineProgram:
-    sources = train_jobs_sources("hostcheck/__init__.py", "hostcheck/schedule.py", "hostcheck/check.py")
-    return InlineProgram(sources, "train_jobs.hostcheck.check",
-                         ("--links-budget", f"{links_budget:g}", "--bytes", str(nbytes)))
+    return InlineProgram(train_jobs_sources(*SOURCES), "train_jobs.hostcheck.check",
+                         ("--links-budget", f"{links_budget:g}", "--bytes", str(nbytes)), per_host=True)
+
+
+class StopAtResult(Quiet):
+    """Once node 0 has printed the figures, the hosts still at it (late, starved, stuck in an
+    exchange) are stopped: they are named already, and nothing waits for them."""
+
+    def __init__(self) -> None:
+        self.fired = False
+
+    def on_event(self, event: MonitorEvent, job: JobView) -> Sequence[Action]:
+        if self.fired or not isinstance(event, Output) or not any(RESULT in line for line in event.lines):
+            return ()
+        self.fired = True
+        return (Stop("the host check has its figures: stopping the hosts still at it"),)
+
+
+def monitors(plan: LaunchPlan, options: LaunchOptions) -> Sequence[Monitor]:
+    return [*standard_monitors(plan, options), StopAtResult()]
+
+
+def _late(hosts: list[str], figures: dict[str, Any]) -> list[Late]:
+    """The hosts that missed the join or a compute deadline, in words."""
+    out = []
+    for m in figures.get("missed", []):
+        if m["phase"] not in ("join", "compute"):
+            continue
+        others = m.get("others_s")
+        took = "" if others is None else (f"; the others started in {others:.1f} s" if m["phase"] == "join"
+                                          else f"; the others took {others:.1f} s")
+        what = "did not start its host check" if m["phase"] == "join" else "did not finish its compute test"
+        out += [Late(hosts[r], f"{what} in {m['after_s']:.0f} s{took} (a starved or overloaded host)",
+                     float(m["after_s"]), others) for r in m["ranks"]]
+    return out
 
 
 def analyse(hosts: list[str], figures: dict[str, Any]) -> list[Finding]:
     """The compute and links findings of one run's figures (`hosts`: by rank)."""
     devices = [DeviceRate(hosts[row["rank"]], row["device"], row["model"], float(row["tflops"]),
-                          gpu=row["gpu"] is not None) for row in figures["compute"]]
-    rates = tuple(LinkRate(hosts[row["a"]], hosts[row["b"]], float(row["mbps"]), int(row.get("measured", 1)))
+                          gpu=row["gpu"] is not None, windows=len(row.get("windows") or [1]))
+               for row in figures["compute"]]
+    rates = tuple(LinkRate(hosts[row["a"]], hosts[row["b"]], float(row["mbps"]), int(row.get("measured", 1)),
+                           bool(row.get("complete", True)), bool(row.get("missed", False)),
+                           float(row["first_mbps"]) if row.get("first_mbps") is not None else None)
                   for row in figures["links"])
     rounds = LinkRounds(rates, int(figures["rounds"]), bool(figures["all_pairs"]), int(figures["bytes"]),
                         str(figures["backend"]))
     slow_cpus = {d.host for d in slow_devices(devices) if not d.gpu}
-    return compute_findings(hosts, devices) + link_findings(hosts, rounds, slow_cpus)
+    late = _late(hosts, figures)
+    tested = [hosts[r] for r in figures.get("tested", range(len(hosts)))]
+    return (compute_findings(hosts, devices, late=late)
+            + link_findings(hosts if len(tested) > 2 else tested, rounds, slow_cpus))
 
 
 def deep_report(job: Job, backend: Backend, pool: HostPool, runs_dir: Path, timeout: float,
                 notice: Callable[[str], None] = lambda _: None, links_budget: float = LINKS_BUDGET_S,
                 nbytes: int = EXCHANGE_BYTES) -> DeepReport:
-    """Each host's GPU health facts, then the host check on the job's hosts: the findings, and
-    the host check's figures."""
-    notice(f"reading the GPU health facts of {len(job.hosts)} host(s)")
-    out = DeepReport(findings=gpu_health_round(pool, job.hosts, timeout))
-    notice(f"timing compute on each host and the links between {len(job.hosts)} hosts in rounds")
+    """Each host's GPU health facts, read while the host check runs on the job's hosts (a host
+    slow to answer one holds neither): the findings, and the host check's figures."""
+    notice(f"reading the GPU health facts of {len(job.hosts)} host(s), and timing compute on each host and "
+           f"the links between them in rounds")
+    with ThreadPoolExecutor(1, thread_name_prefix="gpu-health") as pool_of_one:
+        health = pool_of_one.submit(gpu_health_round, pool, job.hosts, timeout)
+        out = host_check(job, backend, runs_dir, links_budget, nbytes)
+        out.findings = health.result() + out.findings
+    return out
+
+
+def host_check(job: Job, backend: Backend, runs_dir: Path, links_budget: float, nbytes: int) -> DeepReport:
+    """The compute and links findings of the host check, and its figures."""
+    out = DeepReport()
     try:
-        run = run_collective(job, backend, "ddpctl-deep", program(links_budget, nbytes), runs_dir, DEADLINE_S)
+        run = run_collective(job, backend, "ddpctl-deep", program(links_budget, nbytes), runs_dir, DEADLINE_S,
+                             monitors=monitors)
     except (HostError, HostsFailed, LaunchBlocked) as exc:
         out.findings += [launch_error(check, exc) for check in JOB_CHECKS]
         return out

@@ -69,7 +69,7 @@ class Released:
     warnings: list[str]
 
 
-def release_host(inventory: Inventory | None, name: str, ledger: Ledger | None = None) -> Released:
+def release_host(inventory: Inventory | None, name: str, ledger: Ledger | None = None, how: str = "") -> Released:
     """Record a release of the host named `name` (its name or address); ConfigError when no host,
     or more than one, goes by it."""
     ledger = ledger or Ledger()
@@ -87,7 +87,7 @@ def release_host(inventory: Inventory | None, name: str, ledger: Ledger | None =
     record = matches[0]
     policy = Policy.of(inventory) if inventory is not None else Policy()
     was = judge(record.events, policy)
-    warnings = ledger.release(record, f"released by {_who()}")
+    warnings = ledger.release(record, f"released by {_who()}" + (f" {how}" if how else ""))
     return Released(record, was, reading.warnings + warnings)
 
 

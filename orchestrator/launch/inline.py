@@ -25,7 +25,7 @@ for name in sorted(srcs):
         if "." not in name:
             mod.__path__ = []
         sys.modules[name] = mod
-for name in sorted(srcs):
+for name in srcs:
     if name != main:
         exec(compile(srcs[name], name, "exec"), sys.modules[name].__dict__)
 exec(compile(srcs[main], main, "exec"), {"__name__": "__main__", "__file__": main})
@@ -34,11 +34,15 @@ exec(compile(srcs[main], main, "exec"), {"__name__": "__main__", "__file__": mai
 
 @dataclass(frozen=True)
 class InlineProgram:
-    """`main` run with `modules` importable, none of them needing to exist on the host."""
+    """`main` run with `modules` importable, none of them needing to exist on the host; they run
+    in the order given (a module after those it imports)."""
 
     modules: Mapping[str, str]  # module name -> source
     main: str
     args: tuple[str, ...] = ()
+    # each host runs it on its own (torchrun --standalone, no rendezvous between hosts); it finds
+    # the others through the plan's DDPCTL_COORDINATOR (the master address and port)
+    per_host: bool = False
 
     def argv(self, python: str) -> tuple[str, ...]:
         blob = base64.b64encode(zlib.compress(json.dumps(dict(self.modules)).encode(), 9)).decode()
@@ -46,7 +50,8 @@ class InlineProgram:
 
 
 def train_jobs_sources(*relative: str) -> dict[str, str]:
-    """The sources of train_jobs modules (paths relative to train_jobs/), keyed by module name."""
+    """The sources of train_jobs modules (paths relative to train_jobs/), keyed by module name, in
+    the order given (a module after those it imports)."""
     out = {"train_jobs": (TRAIN_JOBS / "__init__.py").read_text()}
     for rel in relative:
         name = "train_jobs." + rel.removesuffix(".py").replace("/", ".")

@@ -23,6 +23,9 @@ RUN_ID_ENV = "DDPCTL_RUN_ID"  # the same for every attempt
 PREV_FAILURE_ENV = "DDPCTL_PREV_FAILURE"  # one line: host, rank, reason (attempts after the first)
 CHECKPOINT_DIR_ENV = "DDPCTL_CHECKPOINT_DIR"  # [restart] checkpoint_dir
 TOTAL_STEPS_ENV = "DDPCTL_TOTAL_STEPS"  # [watch] total_steps; the rank wrapper reports it with the steps
+NODE_RANK_ENV = "DDPCTL_NODE_RANK"  # a per-host program's node rank (InlineProgram.per_host)
+NNODES_ENV = "DDPCTL_NNODES"  # ... how many hosts run it
+COORDINATOR_ENV = "DDPCTL_COORDINATOR"  # ... and the master's host:port, where node 0 coordinates them
 
 
 def new_job_id(name: str) -> str:
@@ -104,10 +107,12 @@ def program_argv(job: Job, host: Host, inline: InlineProgram | None = None) -> l
 
 
 def launcher_argv(job: Job, host: Host, node_rank: int, nproc: int, master_addr: str,
-                  master_port: int, job_id: str, inline: bool = False) -> list[str]:
-    argv = [host.python, "-m", "torch.distributed.run", "--nnodes", str(len(job.hosts)),
+                  master_port: int, job_id: str, inline: bool = False, per_host: bool = False) -> list[str]:
+    argv = [host.python, "-m", "torch.distributed.run", "--nnodes", "1" if per_host else str(len(job.hosts)),
             "--nproc-per-node", str(nproc)]
-    if job.slurm is not None:  # the endpoint is the allocation's first node: the batch script sets it
+    if per_host:  # a world of its own on each host: no host waits for another to start
+        argv += ["--standalone"]
+    elif job.slurm is not None:  # the endpoint is the allocation's first node: the batch script sets it
         argv += ["--rdzv-backend", "c10d", "--rdzv-id", job_id]
         if job.slurm.requeue:  # the early warning reaches the ranks as a Python signal
             argv += ["--signals-to-handle", f"SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIG{job.slurm.signal_name}"]
@@ -146,6 +151,13 @@ def host_env(job: Job, host: Host, job_id: str, picked: Mapping[str, str] | None
     return env
 
 
+def per_host_env(node_rank: int, nnodes: int, master_addr: str, master_port: int) -> dict[str, str]:
+    """Where a per-host program (InlineProgram.per_host) finds the others: its node rank, how many
+    hosts, and the coordinator's host:port (the master's)."""
+    return {NODE_RANK_ENV: str(node_rank), NNODES_ENV: str(nnodes),
+            COORDINATOR_ENV: f"{_bracket(master_addr)}:{master_port}"}
+
+
 def build_plan(job: Job, job_id: str, nprocs: Mapping[str, int], master_port: int,
                inline: InlineProgram | None = None, *, master_addr: str | None = None,
                picked_env: Mapping[str, Mapping[str, str]] | None = None) -> LaunchPlan:
@@ -158,15 +170,17 @@ def build_plan(job: Job, job_id: str, nprocs: Mapping[str, int], master_port: in
         master_addr = f"${SLURM_RDZV_ENV}"
     launches = []
     first = 0
+    per_host = inline is not None and inline.per_host
     for rank, host in enumerate(job.hosts):
         given = nprocs[host.name]
         source, nproc = given.source if isinstance(given, Nproc) else job.nproc_of(host).source, int(given)
         launches.append(HostLaunch(
             host=host, node_rank=rank, nproc=nproc, nproc_source=source, first_rank=first,
             launcher=tuple(launcher_argv(job, host, rank, nproc, master_addr, master_port, job_id,
-                                         inline=inline is not None)),
+                                         inline=inline is not None, per_host=per_host)),
             program=tuple(program_argv(job, host, inline)),
-            env=host_env(job, host, job_id, (picked_env or {}).get(host.name)),
+            env={**host_env(job, host, job_id, (picked_env or {}).get(host.name)),
+                 **(per_host_env(rank, len(job.hosts), master_addr, master_port) if per_host else {})},
             cwd=job.workdir_for(host), wrapped=inline is None,
         ))
         first += nproc

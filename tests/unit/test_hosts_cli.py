@@ -118,3 +118,20 @@ def test_a_corrupt_ledger_is_a_warning_not_a_failure() -> None:
     ledger_path().write_bytes(b"not sqlite" * 100)
     code, out = hosts()
     assert code == 0 and "warning:" in out and "corrupt" in out
+
+
+def test_check_goes_with_release_and_an_inventory() -> None:
+    code, out = hosts("--check")
+    assert code == 2 and "--check goes with --release HOST and -i <inventory>" in out
+    code, out = hosts("--release", "node1", "--check")
+    assert code == 2 and "ddpctl hosts -i hosts.toml --release node3 --check" in out
+
+
+def test_check_needs_two_hosts_the_ledger_knows_good(tmp_path: Path) -> None:
+    seed()  # node1: two host faults, quarantined; node0 a straggler, still ok
+    path = inventory(tmp_path)
+    Ledger().record("doctor-1", "doctor", [Sighting(Host("node2", "198.18.0.12"))],
+                    [Note(Host("node2", "198.18.0.12"), EventKind.DEEP_FINDING, "[links] warn: slow")])
+    code, out = hosts("-i", str(path), "--release", "node1", "--check")
+    assert code == 2 and "--check needs 2 hosts the ledger knows good beside node1 (it has 1: node0)" in out
+    assert "quarantined" in hosts("-i", str(path))[1], "nothing was released"

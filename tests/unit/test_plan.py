@@ -120,3 +120,32 @@ def test_auto_and_cpu_nproc() -> None:
     assert resolve_nprocs(make_job(nproc="gpu"), {"a": facts("a", gpus=2), "b": facts("b", gpus=2)}) \
         == {"a": 2, "b": 2}
     assert resolve_nprocs(make_job(nproc=3), f) == {"a": 3, "b": 3}
+
+
+def test_a_per_host_program_runs_standalone_on_each_host_and_finds_the_coordinator_in_its_env() -> None:
+    from orchestrator.launch.inline import InlineProgram
+
+    program = InlineProgram({"m": "print(1)"}, "m", ("--x",), per_host=True)
+    plan = build_plan(make_job(hosts=(A, B, C)), "t-1", {"a": 1, "b": 1, "c": 1}, 29511, inline=program)
+    for rank, hl in enumerate(plan.hosts):
+        argv = hl.argv()
+        assert argv[:8] == [hl.host.python, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "1",
+                            "--standalone"]
+        assert "--node-rank" not in argv and "--master-addr" not in argv and "--no-python" in argv
+        assert hl.env["DDPCTL_NODE_RANK"] == str(rank) and hl.env["DDPCTL_NNODES"] == "3"
+        assert hl.env["DDPCTL_COORDINATOR"] == "198.18.0.1:29511"
+    shared = build_plan(make_job(), "t-1", {"a": 1, "b": 1}, 29511, inline=InlineProgram({"m": ""}, "m"))
+    assert "DDPCTL_NODE_RANK" not in shared.hosts[0].env and "--standalone" not in shared.hosts[0].argv()
+
+
+def test_an_inline_program_runs_its_modules_in_the_order_given() -> None:
+    import subprocess
+    import sys
+
+    from orchestrator.launch.inline import InlineProgram
+
+    modules = {"pkg": "", "pkg.z_base": "VALUE = 41\n", "pkg.a_user": "from pkg.z_base import VALUE\nN = VALUE + 1\n",
+               "pkg.main": "from pkg.a_user import N\nprint(N)\n"}
+    out = subprocess.run(InlineProgram(modules, "pkg.main").argv(sys.executable), capture_output=True, text=True,
+                         check=True, timeout=60)
+    assert out.stdout.strip() == "42", "a_user sorts before z_base, and imports it"

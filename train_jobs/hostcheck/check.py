@@ -1,28 +1,24 @@
-"""The active half of `ddpctl doctor --deep`: one rank per host times a matrix multiply on each of
-its GPUs (on the CPU where it has none), then exchanges a few MiB with other hosts in rounds.
+"""The active half of `ddpctl doctor --deep`: on every host, a process on its own (torchrun
+--standalone: no host waits in a rendezvous for another) that joins a store on the master host,
+then does what the coordinator (coordinate.py, a thread of node 0's process) asks: time a matrix
+multiply on each of its GPUs (on the CPU where it has none), or exchange a few MiB with one
+partner. A host that is late, starved or stuck is named at its deadline; the others go on.
 
 Compute is timed in turn among hosts that share a kernel (the same boot id: containers or
 namespaces on one machine share its cores, and one host's load would hide another's); hosts on
 different kernels are timed at once. A figure is throughput over a window of at least
---compute-seconds, not the best single multiply, so a host whose CPU time is rationed (a cgroup
-quota, a throttled GPU) shows its real pace; each device's best of WINDOWS windows, taken in turns
-(every host's first, then every host's second, ...), so a burst of someone else's load does not
-make a finding.
+--compute-seconds, so a host whose CPU time is rationed (a cgroup quota, a throttled GPU) shows
+its real pace; each device's best of coordinate.WINDOWS windows, taken in turns.
 
-Links: in each round (schedule.py) every paired host sends and receives --bytes with its partner
-at once, after a small warm-up, --iters times at least and more while that takes under
-MIN_EXCHANGE_S (MAX_EXCHANGES at most); a pair's figure is its best exchange, MB/s one way
-(1e6 bytes/s). Rank 0 plans the rounds and stops the tournament once --links-budget seconds have
-passed (after MIN_ROUNDS), then measures the slow pairs again and re-pairs the hosts seen on them
-with the fastest ones (at most schedule.MAX_RECHECK_ROUNDS rounds).
+Links: a pair forms its own two-rank group over the store (gloo; NCCL where the hosts have GPUs),
+sends and receives --bytes at once, --iters times (once where that took SLOW_EXCHANGE_S) and more
+while that takes under MIN_EXCHANGE_S (MAX_EXCHANGES at most); where the warm-up says the bytes
+might not fit the cap the coordinator gave, in CHUNKS pieces, and it stops itself at the cap (what
+moved by then is its figure). A pair's figure is its best exchange, MB/s one way.
 
-Rank 0 prints `DDPCTL-DEEP <json>` at the end:
-  {"schema": 1, "backend": str, "bytes": int, "iters": int, "rounds": int, "all_pairs": bool,
-   "links": [{"a": rank, "b": rank, "mbps": float, "measured": int, "rounds": [int, ...]}, ...],
-   "compute": [{"rank": int, "device": "cpu"|"cuda:<i>", "gpu": str|null, "model": str,
-                "tflops": float, "seconds": float, "windows": [float, ...], "kernel_shared_by": int}, ...],
-   "links_s": float, "compute_s": float}
-and `DDPCTL-DEEP-ROUND <i> <pairs>` as each round ends (progress, so a long run never looks hung).
+Node 0 prints `DDPCTL-DEEP <json>` (coordinate.Coordinator.figures, plus "backend") at the end, and
+`DDPCTL-DEEP-ROUND <i> <pairs>` as each link round ends (progress, so a long run never looks hung).
+Where the job runs: DDPCTL_NODE_RANK, DDPCTL_NNODES and DDPCTL_COORDINATOR (host:port) from the plan.
 """
 
 from __future__ import annotations
@@ -31,6 +27,7 @@ import argparse
 import json
 import os
 import sys
+import threading
 import time
 from datetime import timedelta
 from typing import Any
@@ -38,14 +35,16 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from train_jobs.hostcheck import schedule
+from train_jobs.hostcheck.coordinate import Coordinator, Settings
 
 CPU_N = 512  # CPU: 512 x 512 float32 multiplies
 GPU_N = 8192  # GPU: 8192 x 8192 bf16 multiplies
 WARMUP_BYTES = 64 << 10
+CHUNKS = 32  # an exchange moves its bytes in this many pieces, so a pair past its cap stops
 MIN_EXCHANGE_S = 0.1  # a pair keeps exchanging until this long has passed (--iters at least) ...
 MAX_EXCHANGES = 10  # ... or this many timed exchanges
-WINDOWS = 3  # compute: each device's best of this many windows, taken in turns
+NEWS = "news"  # the store's counter of joins and replies (coordinate.Board.news)
+SLOW_EXCHANGE_S = 0.5  # past this, one whole exchange is figure enough (a slow link is not timed twice)
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -54,7 +53,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--iters", type=int, default=2, help="timed exchanges per pair")
     p.add_argument("--links-budget", type=float, default=20.0, help="seconds of tournament rounds")
     p.add_argument("--compute-seconds", type=float, default=0.15, help="one timing window per device")
-    p.add_argument("--timeout", type=float, default=120.0, help="a collective's timeout")
+    p.add_argument("--timeout", type=float, default=120.0, help="how long a host waits for its next command")
     return p.parse_args(argv)
 
 
@@ -101,144 +100,210 @@ def time_matmul(device: torch.device, window: float) -> tuple[float, float]:
             return 2.0 * n ** 3 * done / elapsed / 1e12, elapsed
 
 
-def compute_phase(rank: int, world: int, window: float, ctl: Any) -> list[dict[str, Any]]:
-    """Every device of every host, timed in turn among hosts on one kernel; all ranks get the list."""
-    kernels: list[Any] = [None] * world
-    dist.all_gather_object(kernels, boot_id(), group=ctl)
-    slot = kernels[:rank].count(kernels[rank])
-    sharing = kernels.count(kernels[rank])
-    slots = max(kernels.count(k) for k in kernels)
-    devices = [torch.device("cuda", i) for i in range(torch.cuda.device_count())] or [torch.device("cpu")]
-    windows: dict[int, list[tuple[float, float]]] = {i: [] for i in range(len(devices))}
-    for _ in range(WINDOWS):  # every host's first window, then every host's second, …: a burst of
-        for turn in range(slots):  # someone else's load does not spoil all of one host's windows
-            dist.barrier(group=ctl)
-            if turn != slot:
-                continue
-            for i, device in enumerate(devices):
-                windows[i].append(time_matmul(device, window))
-    best = {i: max(w) for i, w in windows.items()}
-    mine: list[dict[str, Any]] = []
-    for i, device in enumerate(devices):
+def devices() -> list[torch.device]:
+    return [torch.device("cuda", i) for i in range(torch.cuda.device_count())] or [torch.device("cpu")]
+
+
+def compute_window(window: float) -> dict[str, Any]:
+    rows = []
+    for device in devices():
         gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
-        model = gpu or f"{cpu_model()} ({torch.get_num_threads()} threads)"
-        mine.append({"rank": rank, "device": str(device), "gpu": gpu, "model": model,
-                     "tflops": best[i][0], "seconds": best[i][1], "windows": [w for w, _s in windows[i]],
-                     "kernel_shared_by": sharing})
-    everyone: list[Any] = [None] * world
-    dist.all_gather_object(everyone, mine, group=ctl)
-    return [row for rows in everyone for row in rows]
+        tflops, seconds = time_matmul(device, window)
+        rows.append({"device": str(device), "gpu": gpu,
+                     "model": gpu or f"{cpu_model()} ({torch.get_num_threads()} threads)",
+                     "tflops": tflops, "seconds": seconds})
+    return {"devices": rows}
 
 
-def exchange(rank: int, partner: int, nbytes: int, iters: int, device: torch.device) -> float:
-    """Best seconds of simultaneous send+receive of `nbytes` with `partner`: `iters` at least, more
-    while they take under MIN_EXCHANGE_S (at most MAX_EXCHANGES), so a healthy pair gets enough tries
-    that a moment off the CPU is not its figure; the lower rank decides and tells its partner."""
+class Pair:
+    """A two-rank group over the store, for one exchange."""
+
+    def __init__(self, store: Any, tag: str, role: int, timeout: float, device: torch.device) -> None:
+        self.device = device
+        self.group: Any = None
+        if device.type == "cuda":
+            try:
+                self.group = dist.ProcessGroupNCCL(dist.PrefixStore(f"pair/{tag}/nccl", store), role, 2)
+            except Exception:  # an NCCL this torch cannot build a group with: gloo, on the CPU
+                self.device = torch.device("cpu")
+        if self.group is None:
+            self.group = dist.ProcessGroupGloo(dist.PrefixStore(f"pair/{tag}", store), role, 2,
+                                               timedelta(seconds=timeout))
+        self.peer = 1 - role
+        self.role = role
+
+    def swap(self, send: torch.Tensor, recv: torch.Tensor) -> None:
+        works = [self.group.send([send], self.peer, 0), self.group.recv([recv], self.peer, 0)]
+        for w in works:
+            w.wait()
+
+    def agree(self, flag: torch.Tensor) -> bool:
+        """Role 0 decides (its value), role 1 learns it."""
+        if self.role == 0:
+            self.group.send([flag], self.peer, 1).wait()
+        else:
+            self.group.recv([flag], self.peer, 1).wait()
+        return bool(int(flag.item()))
+
+
+def exchange(pair: Pair, nbytes: int, iters: int, cap: float) -> dict[str, Any]:
+    """Simultaneous send+receive of `nbytes` with the partner (in CHUNKS pieces where the warm-up
+    says it may not fit `cap`): `iters` times, more while they take under MIN_EXCHANGE_S (at most
+    MAX_EXCHANGES), no exchange or piece begun past `cap` seconds: the figure is the best whole
+    exchange, else what moved in the time it ran."""
+    device = pair.device
     send = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
     recv = torch.empty_like(send)
-    more = torch.zeros(1, dtype=torch.int32, device=device)
-    best, done, started = float("inf"), -1, time.perf_counter()
-    while True:  # the first, small, warms the connection up and is not timed
-        size = min(WARMUP_BYTES, nbytes) // 4 if done < 0 else nbytes // 4
-        _sync(device)
-        start = time.perf_counter()
-        ops = [dist.P2POp(dist.isend, send[:size], partner), dist.P2POp(dist.irecv, recv[:size], partner)]
-        for req in dist.batch_isend_irecv(ops):
-            req.wait()
-        _sync(device)
-        if done < 0:
-            started = time.perf_counter()
-        else:
-            best = min(best, time.perf_counter() - start)
-        done += 1
-        if rank < partner:
-            spent = time.perf_counter() - started
-            more.fill_(int(done < iters or (spent < MIN_EXCHANGE_S and done < MAX_EXCHANGES)))
-            dist.send(more, partner)
-        else:
-            dist.recv(more, partner)
-        if not int(more.item()):
-            return best
-
-
-def run_round(number: int, pairs: list[schedule.Pair], args: argparse.Namespace, rank: int, world: int,
-              device: torch.device, ctl: Any) -> dict[schedule.Pair, float]:
-    partner = next((b if a == rank else a for a, b in pairs if rank in (a, b)), None)
-    dist.barrier(group=ctl)
-    seconds = exchange(rank, partner, args.bytes, args.iters, device) if partner is not None else 0.0
-    got: list[Any] = [None] * world
-    dist.all_gather_object(got, (partner, seconds), group=ctl)
-    rates: dict[schedule.Pair, float] = {}
-    for r, (other, secs) in enumerate(got):
-        if other is not None and r < other:  # the lower rank's figure; its partner's is the same exchange
-            rates[(r, other)] = args.bytes / max(secs, max(got[other][1], 1e-9)) / 1e6
-    if rank == 0:
-        print(f"DDPCTL-DEEP-ROUND {number} {len(pairs)}", flush=True)
-    return rates
-
-
-def plan_next(played: int, tournament: list[list[schedule.Pair]], rates: dict[schedule.Pair, float],
-              elapsed: float, budget: float, rechecked: bool, n: int) -> tuple[str, list[list[schedule.Pair]]]:
-    """Rank 0's choice after each round: ("tournament", [its next round]) while the budget lasts
-    (MIN_ROUNDS whatever it is), then ("recheck", rounds) once where a pair was slow, then
-    ("done", [])."""
-    if played < len(tournament) and (played < schedule.MIN_ROUNDS or elapsed < budget):
-        return "tournament", [tournament[played]]
-    if not rechecked:
-        rounds = schedule.recheck_rounds(rates, n)[:schedule.MAX_RECHECK_ROUNDS]
-        if rounds:
-            return "recheck", rounds
-    return "done", []
-
-
-def links_phase(args: argparse.Namespace, rank: int, world: int, device: torch.device,
-                ctl: Any) -> tuple[list[dict[str, Any]], int, bool]:
-    """(one row per pair measured, rounds run, whether every pair was measured)."""
-    tournament = schedule.round_robin(world)
-    rates: dict[schedule.Pair, float] = {}  # a pair's best figure
-    seen_in: dict[schedule.Pair, list[int]] = {}  # the rounds that measured it
-    started, played, number, rechecked = time.monotonic(), 0, 0, False
+    flag = torch.zeros(1, dtype=torch.int32, device=device)
+    size = min(WARMUP_BYTES, nbytes) // 4
+    warm = time.perf_counter()
+    pair.swap(send[:size], recv[:size])  # warms the connection up; not timed
+    _sync(device)
+    # pieces only where the whole might not fit the cap (as the warm-up's pace tells): a healthy
+    # pair's figure is not slowed by the extra round trips
+    flag.fill_(int((time.perf_counter() - warm) * nbytes / max(size * 4, 1) > cap / 4))
+    piece = max(1, (nbytes // 4 + CHUNKS - 1) // CHUNKS) if pair.agree(flag) else nbytes // 4
+    best, done, moved = float("inf"), 0, 0
+    started = time.perf_counter()
     while True:
-        plan: list[Any] = [None]
-        if rank == 0:
-            plan[0] = plan_next(played, tournament, rates, time.monotonic() - started, args.links_budget,
-                                rechecked, world)
-        dist.broadcast_object_list(plan, src=0, group=ctl)
-        kind, rounds = plan[0]
-        if kind == "done":
-            rows = [{"a": a, "b": b, "mbps": v, "measured": len(seen_in[(a, b)]), "rounds": seen_in[(a, b)]}
-                    for (a, b), v in rates.items()]
-            return rows, number, played == len(tournament)
-        for pairs in rounds:
-            for p, v in run_round(number, pairs, args, rank, world, device, ctl).items():
-                rates[p] = max(v, rates.get(p, 0.0))
-                seen_in.setdefault(p, []).append(number)
-            number += 1
-        played += kind == "tournament"
-        rechecked = rechecked or kind == "recheck"
+        start = time.perf_counter()
+        sent, whole = 0, True
+        while sent < nbytes // 4:
+            n = min(piece, nbytes // 4 - sent)
+            pair.swap(send[sent:sent + n], recv[sent:sent + n])
+            _sync(device)
+            sent += n
+            moved += n * 4
+            if sent < nbytes // 4:
+                flag.fill_(int(time.perf_counter() - started < cap))
+                if not pair.agree(flag):
+                    whole = False
+                    break
+        if whole:
+            best = min(best, time.perf_counter() - start)
+            done += 1
+        spent = time.perf_counter() - started
+        flag.fill_(int(whole and spent < cap and done < MAX_EXCHANGES
+                       and (spent < MIN_EXCHANGE_S or (done < iters and spent < SLOW_EXCHANGE_S))))
+        if not pair.agree(flag):
+            break
+    elapsed = time.perf_counter() - started
+    if done:
+        return {"mbps": nbytes / best / 1e6, "seconds": best, "complete": True, "exchanges": done,
+                "elapsed": elapsed}
+    return {"mbps": moved / max(elapsed, 1e-9) / 1e6, "seconds": elapsed, "complete": False, "exchanges": 0,
+            "elapsed": elapsed, "moved": moved}
 
 
-def main() -> int:
-    args = parse_args(sys.argv[1:])
+def pair_test(store: Any, command: dict[str, Any], device: torch.device) -> dict[str, Any]:
+    cap = float(command["cap_s"])
+    try:
+        pair = Pair(store, command["tag"], int(command["role"]), cap + 2.0, device)
+        reply = exchange(pair, int(command["bytes"]), int(command["iters"]), cap)
+        pair.group = None  # the group ends with the exchange
+        return reply
+    except Exception as exc:  # the partner never connected, or the link broke: a figure-less reply
+        text = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+        return {"mbps": None, "error": f"rank {command['partner']}: {text}"}
+
+
+def worker(rank: int, store: Any, timeout: float) -> None:
+    """Join, then answer each command in turn until `done`."""
     cuda = torch.cuda.is_available() and torch.cuda.device_count() > 0
     device = torch.device("cuda", 0) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
-    backend = "nccl" if cuda else "gloo"
-    dist.init_process_group(backend, timeout=timedelta(seconds=args.timeout))
-    ctl = dist.new_group(backend="gloo") if cuda else None
-    rank, world = dist.get_rank(), dist.get_world_size()
-    started = time.monotonic()
-    compute = compute_phase(rank, world, args.compute_seconds, ctl)
-    computed = time.monotonic()
-    links, rounds, every = links_phase(args, rank, world, device, ctl) if world > 1 else ([], 0, True)
+    store.set(f"join/{rank}", json.dumps({"boot": boot_id(), "pid": os.getpid(), "host": os.uname().nodename}))
+    store.add(NEWS, 1)
+    seq = 0
+    while True:
+        key = f"cmd/{rank}/{seq}"
+        store.wait([key], timedelta(seconds=timeout))
+        command = json.loads(store.get(key))
+        if command["op"] == "done":
+            return
+        if command["op"] == "compute":
+            reply = compute_window(float(command["window"]))
+        else:
+            reply = pair_test(store, command, device)
+        store.set(f"res/{rank}/{seq}", json.dumps(reply))
+        store.add(NEWS, 1)
+        seq += 1
+
+
+class StoreBoard:
+    """coordinate.Board on a torch TCPStore."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+
+    def _read(self, key: str) -> dict[str, Any] | None:
+        if not self.store.check([key]):
+            return None
+        value: dict[str, Any] = json.loads(self.store.get(key))
+        return value
+
+    def joined(self, rank: int) -> dict[str, Any] | None:
+        return self._read(f"join/{rank}")
+
+    def post(self, rank: int, seq: int, command: Any) -> None:
+        self.store.set(f"cmd/{rank}/{seq}", json.dumps(command))
+
+    def reply(self, rank: int, seq: int) -> dict[str, Any] | None:
+        return self._read(f"res/{rank}/{seq}")
+
+    def news(self) -> int:
+        return int(self.store.add(NEWS, 0))
+
+
+def connect(addr: str, port: int, master: bool, timeout: float) -> Any:
+    return dist.TCPStore(addr, port, None, master, timedelta(seconds=timeout), wait_for_workers=False)
+
+
+def coordinate(addr: str, port: int, world: int, args: argparse.Namespace, backend: str) -> None:
+    """Node 0: the store, the coordinator on this thread, this host's own worker on another."""
+    store = connect(addr, port, True, args.timeout)
+    errors: list[BaseException] = []
+
+    def own() -> None:
+        try:
+            worker(0, connect(addr, port, False, args.timeout), args.timeout)
+        except BaseException as exc:  # said below; the others go on without node 0's figures
+            errors.append(exc)
+
+    thread = threading.Thread(target=own, name="hostcheck-worker", daemon=True)
+    thread.start()
+    settings = Settings(args.bytes, args.iters, args.compute_seconds, args.links_budget, backend == "gloo")
+    coordinator = Coordinator(world, StoreBoard(store), settings, progress=lambda line: print(line, flush=True))
+    figures = coordinator.run()
+    thread.join(timeout=5.0)
+    figures["backend"] = backend
+    if errors:
+        figures["coordinator_host_error"] = repr(errors[0])[:300]
+    print("DDPCTL-DEEP " + json.dumps(figures), flush=True)
+    # the store lives until the hosts that joined have read `done` (the others ddpctl stops)
+    joined = [r for r in range(1, world) if store.check([f"join/{r}"])]
+    deadline = time.monotonic() + 3.0
+    while time.monotonic() < deadline and not all(store.check([f"bye/{r}"]) for r in joined):
+        time.sleep(0.05)
+
+
+def main() -> int:
+    args = parse_args(sys.argv[1:])
+    rank = int(os.environ["DDPCTL_NODE_RANK"])
+    world = int(os.environ["DDPCTL_NNODES"])
+    addr, _, port = os.environ["DDPCTL_COORDINATOR"].rpartition(":")
+    addr = addr.strip("[]")
+    backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() > 0 else "gloo"
     if rank == 0:
-        out = {"schema": 1, "backend": backend, "bytes": args.bytes, "iters": args.iters, "rounds": rounds,
-               "all_pairs": every, "links": links, "compute": compute,
-               "compute_s": computed - started, "links_s": time.monotonic() - computed}
-        print("DDPCTL-DEEP " + json.dumps(out), flush=True)
-    dist.barrier(group=ctl)
-    dist.destroy_process_group()
+        coordinate(addr, int(port), world, args, backend)
+        return 0
+    try:
+        store = connect(addr, int(port), False, args.timeout)
+        worker(rank, store, args.timeout)
+        store.set(f"bye/{rank}", "1")
+    except Exception as exc:  # the coordinator is gone (it named this host late): nothing to add
+        print(f"DDPCTL-DEEP-LATE rank {rank}: {str(exc).splitlines()[0][:200] if str(exc) else exc!r}", flush=True)
     return 0
 
 

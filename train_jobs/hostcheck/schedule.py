@@ -1,26 +1,49 @@
-"""Which hosts exchange data in which round of the link check (pure; no torch).
+"""Which hosts exchange data in which round of the link check, and how long a phase may wait (pure;
+no torch).
 
 Every round is a matching: each host is in at most one pair, and all pairs of a round run at
 once. `round_robin` is the circle method: n - 1 rounds (n rounds for odd n, one host sitting out
-each) meet every pair exactly once. Where all rounds do not fit the time budget, the rounds run
-are followed by `recheck_rounds`: each host seen on a slow pair meets the fastest hosts it has not
-met yet, so a slow *host* (all its pairs slow) is told from a slow *pair* (one link between two
-otherwise fine hosts). The recheck also measures the slow pairs again, full tournament or not: a
-pair's figure is the best of its measurements, so a moment of contention is not a finding.
+each) meet every pair exactly once. After the tournament (all of it, or what fit the budget),
+`recheck_rounds` settles what the figures leave in doubt (verdict.py): a slow pair between two
+hosts at pace is measured again, and a host on a slow link with too few partners to tell meets
+hosts known good it has not met (different ones each time), as the pairwise suites do, until
+the verdict holds or the recheck rounds run out.
+
+A host slow with every partner after MIN_ROUNDS rounds sits out the rest of the tournament
+(`sitting_out`): its pairs would only cost their cap, and its verdict is settled by the recheck.
+
+`bound` is every wait's deadline: a multiple of what the hosts that finished took, with a floor;
+a host (or pair) past it is named, and the rest goes on without it.
 """
 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Mapping, Sequence
+from collections import Counter
+from collections.abc import Collection, Mapping, Sequence
+
+from train_jobs.hostcheck.verdict import Judgement
 
 Pair = tuple[int, int]  # (lower rank, higher rank)
 
 MIN_ROUNDS = 3  # run at least this many tournament rounds, whatever the budget: each host meets 3 others
-RECHECK_PARTNERS = 2  # new partners each suspect host meets after the budget ran out
-CONFIRM_PER_ROUND = 4  # pairs at once in a recheck round
-MAX_RECHECK_ROUNDS = 8  # recheck rounds at most
-SLOW_LINK = 5.0  # a pair below 1/SLOW_LINK of the median pair rate is slow
+RECHECK_PARTNERS = 2  # known-good partners a host in doubt meets per recheck
+CONFIRM_PER_ROUND = 4  # pairs at once in a recheck round ...
+PER_KERNEL = 2  # ... and at most this many on hosts of one kernel (they share its cores)
+MAX_RECHECK_ROUNDS = 16  # recheck rounds at most ...
+RECHECK_BUDGET_S = 10.0  # ... and seconds of them
+
+# Deadlines: (floor seconds, multiple of the median time of those that finished)
+JOIN_BOUND = (10.0, 3.0)  # every host's check started (torch imported, the coordinator reached)
+COMPUTE_BOUND = (5.0, 10.0)  # one timing window on every device of a host
+LINK_BOUND = (1.0, 10.0)  # one pair's exchanges: the pair stops itself past it, with what it moved
+LINK_SLACK = 3.0  # seconds past a pair's cap before it is named for not answering
+
+
+def bound(finished: Sequence[float], limits: tuple[float, float]) -> float:
+    """The deadline: `limits[1]` times the median time of those that finished, at least `limits[0]`."""
+    floor, factor = limits
+    return max(floor, factor * statistics.median(finished)) if finished else floor
 
 
 def pair(a: int, b: int) -> Pair:
@@ -39,66 +62,46 @@ def round_robin(n: int) -> list[list[Pair]]:
     return [r for r in rounds if r]
 
 
-def median_rate(rates: Mapping[Pair, float]) -> float:
-    return statistics.median(rates.values()) if rates else 0.0
-
-
-def host_scores(rates: Mapping[Pair, float], n: int) -> dict[int, float]:
-    """Each host's best measured link (a slow host's best link is still slow)."""
-    best: dict[int, float] = {}
-    for (a, b), rate in rates.items():
-        for h in (a, b):
-            best[h] = max(best.get(h, 0.0), rate)
-    return {h: best[h] for h in range(n) if h in best}
-
-
-def suspects(rates: Mapping[Pair, float], slow: float = SLOW_LINK) -> list[int]:
-    """The hosts on a slow pair, slowest pair first."""
-    median = median_rate(rates)
-    out: list[int] = []
-    for (a, b), _rate in sorted(rates.items(), key=lambda item: item[1]):
-        if rates[(a, b)] * slow < median:
-            out += [h for h in (a, b) if h not in out]
-    return out
-
-
-def slow_pairs(rates: Mapping[Pair, float], slow: float = SLOW_LINK) -> list[Pair]:
-    """The pairs below 1/slow of the median, slowest first."""
-    median = median_rate(rates)
-    return [p for p, rate in sorted(rates.items(), key=lambda item: item[1]) if rate * slow < median]
-
-
-def recheck_rounds(rates: Mapping[Pair, float], n: int, slow: float = SLOW_LINK,
-                   partners: int = RECHECK_PARTNERS, per_round: int = CONFIRM_PER_ROUND) -> list[list[Pair]]:
-    """Rounds that measure the slow pairs again, and pair each suspect host with the fastest hosts
-    it has not met (`partners` new ones at most, fastest first). A slow pair is confirmed only
-    by a second measurement in a round of at most `per_round` pairs, so congestion (in the fabric,
-    or on hosts that share cores) is not taken for a bad link; a host on many slow pairs has
-    `partners` of them measured again (its own verdict is that every pair of it is slow)."""
-    wanted: list[Pair] = []
-    again: dict[int, int] = {}
-    for p in slow_pairs(rates, slow):
-        if all(again.get(h, 0) < partners for h in p):
-            wanted.append(p)
-            for h in p:
-                again[h] = again.get(h, 0) + 1
-    scores = host_scores(rates, n)
-    fast_first = sorted(range(n), key=lambda h: -scores.get(h, 0.0))
-    met = set(rates)
-    for host in suspects(rates, slow):
-        new = [pair(host, other) for other in fast_first if other != host and pair(host, other) not in met]
-        for p in new[:partners]:
-            met.add(p)
-            wanted.append(p)
+def recheck_rounds(judged: Judgement[int], met: Collection[Pair], free: Collection[int],
+                   partners: int = RECHECK_PARTNERS, per_round: int = CONFIRM_PER_ROUND,
+                   kernels: Mapping[int, str] | None = None) -> list[list[Pair]]:
+    """Rounds that settle the doubt in `judged`: each unconfirmed slow pair again, and each host in
+    doubt with `partners` hosts known good it has not met (the fastest first). Only `free` hosts
+    (not still busy with an earlier exchange) are paired. Each round a matching of `per_round`
+    pairs at most, so a pair is not measured in a crowd, and PER_KERNEL pairs at most on hosts of
+    one kernel (`kernels`: rank -> boot id; hosts on one machine share its cores)."""
+    free = set(free)
+    wanted = [p for p in judged.unconfirmed if set(p) <= free]
+    good = sorted((h for h in judged.good() if h in free),
+                  key=lambda h: -judged.hosts[h].typical)
+    seen = set(met) | set(wanted)
+    for host in judged.doubt:
+        if host not in free:
+            continue
+        new = [pair(host, g) for g in good if g != host and pair(host, g) not in seen][:partners]
+        seen.update(new)
+        wanted += new
+    kernel = (lambda h: kernels.get(h, str(h))) if kernels is not None else str
     rounds: list[list[Pair]] = []
     for p in wanted:  # first fit: each pair into the first round with room where both hosts are free
         for r in rounds:
-            if len(r) < per_round and not {p[0], p[1]} & {h for q in r for h in q}:
+            on = Counter(kernel(h) for q in r for h in set(q))
+            hosts = {h for q in r for h in q}
+            if (len(r) < per_round and not set(p) & hosts
+                    and all(on[k] < 2 * PER_KERNEL for k in {kernel(p[0]), kernel(p[1])})):
                 r.append(p)
                 break
         else:
             rounds.append([p])
     return [sorted(r) for r in rounds]
+
+
+def sitting_out(judged: Judgement[int], partners: int = MIN_ROUNDS) -> set[int]:
+    """Hosts slow with every one of `partners` partners or more: they sit out the rest of the
+    tournament (their verdict is settled by the recheck), so a link that barely moves does not
+    cost every round its cap."""
+    return {h for h, v in judged.hosts.items()
+            if len(v.partners) >= partners and len(v.slow_partners) == len(v.partners)}
 
 
 def covered(rounds: Sequence[Sequence[Pair]], n: int) -> bool:

@@ -1,0 +1,351 @@
+"""The host check's coordinator (pure; no torch): it hands each host its tests through a board (the
+job's key-value store) and waits for their replies, each wait with a deadline (schedule.bound). A
+host that has not joined, or not finished its compute test, by its deadline is named and left out;
+a pair that has not answered is named and its hosts sit out until they answer; the rest goes on.
+
+Messages, one JSON object each: a host posts `join` ({"boot": …}); the coordinator posts a host's
+commands in order (`{"op": "compute", "window": s}`, `{"op": "pair", "partner": r, "tag": …,
+"cap_s": s, …}`, `{"op": "done"}`) and the host replies to each (check.py's worker).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from train_jobs.hostcheck import schedule
+from train_jobs.hostcheck.verdict import SLOW_COMPUTE, SLOW_LINK, Figure, judge
+
+POLL_S = 0.05
+WINDOWS = 3  # compute: each device's best of this many windows, taken in turns ...
+AGAIN_WINDOWS = 3  # ... and a device that looks slow gets up to this many more, one at a time
+
+
+class Board(Protocol):
+    """The store as the coordinator uses it."""
+
+    def joined(self, rank: int) -> dict[str, Any] | None: ...
+    def post(self, rank: int, seq: int, command: Mapping[str, Any]) -> None: ...
+    def reply(self, rank: int, seq: int) -> dict[str, Any] | None: ...
+    def news(self) -> int:
+        """A number that changes whenever a host joins or replies: the coordinator reads the
+        joins and replies only then (one call a poll, not one per host)."""
+
+
+@dataclass(frozen=True)
+class Clock:
+    now: Callable[[], float] = time.monotonic
+    sleep: Callable[[float], None] = time.sleep
+
+
+class SimulatedClock:
+    """A clock that moves only when slept on: the deadlines without the wait (the unit tests and
+    bench/deep_scale.py run the coordinator on it)."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def now(self) -> float:
+        return self.t
+
+    def sleep(self, seconds: float) -> None:
+        self.t += seconds
+
+    def clock(self) -> Clock:
+        return Clock(self.now, self.sleep)
+
+
+@dataclass(frozen=True)
+class Settings:
+    nbytes: int = 2 << 20
+    iters: int = 2
+    window: float = 0.15  # one compute timing window
+    links_budget: float = 20.0
+    cpu_links: bool = True  # gloo: a slow CPU explains a slow link
+
+
+@dataclass
+class Missed:
+    """A deadline that a host (or pair) missed."""
+
+    phase: str  # "join", "compute" or "links"
+    ranks: tuple[int, ...]
+    after_s: float  # the deadline it missed
+    others_s: float | None  # the median time of those that made it
+    detail: str = ""
+    round: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"phase": self.phase, "ranks": list(self.ranks), "after_s": round(self.after_s, 3),
+                "others_s": None if self.others_s is None else round(self.others_s, 3),
+                "detail": self.detail, "round": self.round}
+
+
+@dataclass
+class Coordinator:
+    world: int
+    board: Board
+    settings: Settings = field(default_factory=Settings)
+    clock: Clock = field(default_factory=Clock)
+    progress: Callable[[str], None] = lambda _: None
+    seq: dict[int, int] = field(default_factory=dict)  # each rank's next command number
+    busy: dict[int, int] = field(default_factory=dict)  # rank -> the command it has not answered
+    missed: list[Missed] = field(default_factory=list)
+    joins: dict[int, dict[str, Any]] = field(default_factory=dict)
+    compute_rows: list[dict[str, Any]] = field(default_factory=list)
+    rates: dict[schedule.Pair, Figure] = field(default_factory=dict)
+    seen_in: dict[schedule.Pair, list[int]] = field(default_factory=dict)
+    pair_times: list[float] = field(default_factory=list)
+    rounds: int = 0
+    phases: dict[str, float] = field(default_factory=dict)
+
+    # -- messaging ------------------------------------------------------------------------------
+    def _send(self, rank: int, command: Mapping[str, Any]) -> int:
+        seq = self.seq.get(rank, 0)
+        self.board.post(rank, seq, command)
+        self.seq[rank] = seq + 1
+        return seq
+
+    def _wait(self, asked: Mapping[int, int], allowed: Callable[[], float],
+              done: Callable[[int, dict[str, Any], float], None]) -> dict[int, dict[str, Any]]:
+        """Replies to `asked` (rank -> command number) until all are in or `allowed()` seconds have
+        passed (asked again after each reply: a bound that follows the finished ones); the ranks
+        that did not answer are busy until they do."""
+        started, got, seen = self.clock.now(), {}, None
+        while True:
+            news = self.board.news()
+            for rank, seq in asked.items() if news != seen else ():
+                if rank not in got:
+                    reply = self.board.reply(rank, seq)
+                    if reply is not None:
+                        got[rank] = reply
+                        done(rank, reply, self.clock.now() - started)
+            seen = news
+            if len(got) == len(asked) or self.clock.now() - started >= allowed():
+                break
+            self.clock.sleep(POLL_S)
+        for rank, seq in asked.items():
+            if rank not in got:
+                self.busy[rank] = seq
+        return got
+
+    def _collect_late(self) -> None:
+        """Hosts that were busy and have answered since are free again."""
+        for rank, seq in list(self.busy.items()):
+            if self.board.reply(rank, seq) is not None:
+                del self.busy[rank]
+
+    # -- phases ---------------------------------------------------------------------------------
+    def join(self) -> list[int]:
+        """The ranks that joined by the join deadline."""
+        started, seen = self.clock.now(), None
+        delays: list[float] = []
+        while True:
+            news = self.board.news()
+            for rank in range(self.world) if news != seen else ():
+                if rank not in self.joins:
+                    info = self.board.joined(rank)
+                    if info is not None:
+                        self.joins[rank] = info
+                        delays.append(self.clock.now() - started)
+            seen = news
+            limit = schedule.bound(delays, schedule.JOIN_BOUND)
+            if len(self.joins) == self.world or self.clock.now() - started >= limit:
+                break
+            self.clock.sleep(POLL_S)
+        late = tuple(r for r in range(self.world) if r not in self.joins)
+        if late:
+            self.missed.append(Missed("join", late, limit, statistics.median(delays) if delays else None,
+                                      "did not start its host check"))
+        self.phases["join_s"] = self.clock.now() - started
+        return sorted(self.joins)
+
+    def compute(self, ranks: Sequence[int]) -> list[int]:
+        """Every device of each host, timed in turn among hosts on one kernel; the ranks that
+        finished every window in time."""
+        started = self.clock.now()
+        kernels = {r: self.joins[r].get("boot", str(r)) for r in ranks}
+        slot = {r: [q for q in ranks if kernels[q] == kernels[r]].index(r) for r in ranks}
+        active = list(ranks)
+        times: list[float] = []
+        windows: dict[int, list[list[dict[str, Any]]]] = {r: [] for r in ranks}
+        for _ in range(WINDOWS):  # every host's first window, then every host's second, …
+            self._windows(active, slot, windows, times)
+        for _ in range(AGAIN_WINDOWS):  # a host that looks slow: more windows, before a verdict
+            looks_slow = self._slow_compute(self._rows(active, windows, kernels, ranks))
+            again = [r for r in active if r in looks_slow]
+            if not again:
+                break
+            self._windows(active, slot, windows, times, only=again)
+        self.compute_rows = self._rows(active, windows, kernels, ranks)
+        self.phases["compute_s"] = self.clock.now() - started
+        return active
+
+    @staticmethod
+    def _rows(active: Sequence[int], windows: Mapping[int, list[list[dict[str, Any]]]], kernels: Mapping[int, str],
+              ranks: Sequence[int]) -> list[dict[str, Any]]:
+        return [row for r in active
+                for row in best_windows(r, windows[r], sum(1 for q in ranks if kernels[q] == kernels[r]))]
+
+    def _windows(self, active: list[int], slot: Mapping[int, int], windows: dict[int, list[list[dict[str, Any]]]],
+                 times: list[float], only: Sequence[int] | None = None) -> None:
+        """One window on each host of `active` (or of `only` among them), in turns among hosts on
+        one kernel; a host past the deadline is named and leaves `active`."""
+        ranks = list(active if only is None else only)
+        for turn in range(max((slot[r] for r in ranks), default=-1) + 1):
+            now = [r for r in ranks if slot[r] == turn and r in active]
+            if not now:
+                continue
+            asked = {r: self._send(r, {"op": "compute", "window": self.settings.window}) for r in now}
+            got = self._wait(asked, lambda: schedule.bound(times, schedule.COMPUTE_BOUND),
+                             lambda _r, _rep, took: times.append(took))
+            for r in now:
+                if r in got:
+                    windows[r].append(got[r].get("devices", []))
+                else:
+                    active.remove(r)
+                    self.missed.append(Missed("compute", (r,), schedule.bound(times, schedule.COMPUTE_BOUND),
+                                              statistics.median(times) if times else None,
+                                              "did not finish its compute test"))
+
+    def links(self, ranks: Sequence[int]) -> bool:
+        """The tournament among `ranks` while the budget lasts, then the rechecks; whether every
+        pair was measured."""
+        started = self.clock.now()
+        tournament = [[(ranks[a], ranks[b]) for a, b in r] for r in schedule.round_robin(len(ranks))]
+        played, out = 0, set[int]()
+        slow_compute = self._slow_compute()
+        while played < len(tournament) and (played < schedule.MIN_ROUNDS
+                                            or self.clock.now() - started < self.settings.links_budget):
+            if played >= schedule.MIN_ROUNDS and self._some_host_all_slow(out):
+                out |= schedule.sitting_out(judge(list(ranks), self.rates, slow_compute, self.settings.cpu_links))
+            self._round([p for p in tournament[played] if not set(p) & out])
+            played += 1
+        rechecks = self.clock.now()
+        for _ in range(schedule.MAX_RECHECK_ROUNDS):
+            if self.clock.now() - rechecks >= schedule.RECHECK_BUDGET_S:
+                break
+            self._collect_late()
+            judged = judge(list(ranks), self.rates, slow_compute, self.settings.cpu_links)
+            free = [r for r in ranks if r not in self.busy]
+            kernels = {r: str(self.joins[r].get("boot", r)) for r in ranks}
+            plan = schedule.recheck_rounds(judged, self.rates, free, kernels=kernels)
+            if not plan:
+                break
+            self._round(plan[0])
+        self._finish_busy()
+        self.phases["links_s"] = self.clock.now() - started
+        return played == len(tournament) and not out and schedule.covered(tournament, len(ranks))
+
+    def _some_host_all_slow(self, already: set[int]) -> bool:
+        """Whether a host (not `already` out) has its best link so far far below the median (cheap:
+        the judging that decides who sits out costs more, at 128 hosts, than a round)."""
+        if not self.rates:
+            return False
+        median = statistics.median(f.mbps for f in self.rates.values())
+        best: dict[int, float] = {}
+        for (a, b), f in self.rates.items():
+            best[a], best[b] = max(best.get(a, 0.0), f.mbps), max(best.get(b, 0.0), f.mbps)
+        return any(v * SLOW_LINK < median for h, v in best.items() if h not in already)
+
+    def _slow_compute(self, rows: Sequence[Mapping[str, Any]] | None = None) -> set[int]:
+        """The ranks with a device below 1/SLOW_COMPUTE of its peers' median (of the same model)."""
+        rows = self.compute_rows if rows is None else rows
+        by_model: dict[str, list[float]] = {}
+        for row in rows:
+            by_model.setdefault(row["model"], []).append(row["tflops"])
+        out: set[int] = set()
+        for row in rows:
+            peers = list(by_model[row["model"]])
+            peers.remove(row["tflops"])
+            if peers and row["tflops"] * SLOW_COMPUTE < statistics.median(peers):
+                out.add(row["rank"])
+        return out
+
+    def _round(self, pairs: Sequence[schedule.Pair]) -> None:
+        self._collect_late()
+        pairs = [p for p in pairs if p[0] not in self.busy and p[1] not in self.busy]
+        if not pairs:
+            return
+        number, self.rounds = self.rounds, self.rounds + 1
+        cap = schedule.bound(self.pair_times, schedule.LINK_BOUND)
+        asked: dict[int, int] = {}
+        for a, b in pairs:
+            for rank, partner, role in ((a, b, 0), (b, a, 1)):
+                asked[rank] = self._send(rank, {"op": "pair", "partner": partner, "role": role,
+                                                "tag": f"r{number}/{a}-{b}", "bytes": self.settings.nbytes,
+                                                "iters": self.settings.iters, "cap_s": cap})
+        got = self._wait(asked, lambda: cap + schedule.LINK_SLACK, lambda *_: None)
+        for a, b in pairs:
+            self.seen_in.setdefault((a, b), []).append(number)
+            old = self.rates.get((a, b))
+            measured = (old.measured if old else 0) + 1
+            lead = got.get(a)
+            if a in got and b in got and lead is not None and lead.get("mbps") is not None:
+                fig = Figure(float(lead["mbps"]), measured, bool(lead.get("complete")))
+                if fig.complete:
+                    self.pair_times.append(float(lead.get("seconds") or 0.0))
+            else:
+                late = tuple(r for r in (a, b) if r not in got)
+                why = "; ".join(str(got[r].get("error")) for r in (a, b) if r in got and got[r].get("error"))
+                fig = Figure(0.0, measured, False, missed=True)
+                others = statistics.median(self.pair_times) if self.pair_times else None
+                self.missed.append(Missed("links", (a, b), cap + schedule.LINK_SLACK if late else cap, others,
+                                          why or f"rank {', '.join(map(str, late))} did not answer", number))
+            first = fig.mbps if old is None else old.rounds_figure
+            if old is None or fig.mbps >= old.mbps:
+                self.rates[(a, b)] = Figure(fig.mbps, measured, fig.complete or (old is not None and old.complete),
+                                            fig.missed and (old is None or old.missed), first)
+            else:
+                self.rates[(a, b)] = Figure(old.mbps, measured, old.complete, old.missed, first)
+        self.progress(f"DDPCTL-DEEP-ROUND {number} {len(pairs)}")
+
+    def _finish_busy(self) -> None:
+        """Wait for the busy hosts no longer than a pair's deadline: they are already named."""
+        if not self.busy:
+            return
+        limit = self.clock.now() + schedule.bound(self.pair_times, schedule.LINK_BOUND) + schedule.LINK_SLACK
+        while self.busy and self.clock.now() < limit:
+            self._collect_late()
+            self.clock.sleep(POLL_S)
+
+    def done(self) -> None:
+        """Every rank's last command (a host that joins late reads it first and ends)."""
+        for rank in range(self.world):
+            self._send(rank, {"op": "done"})
+
+    def run(self) -> dict[str, Any]:
+        """Join, compute, links, done: the figures (check.py prints them)."""
+        joined = self.join()
+        active = self.compute(joined)
+        every = True
+        if len(active) > 1:
+            every = self.links(active)
+        self.done()
+        return self.figures(active, every)
+
+    def figures(self, active: Sequence[int], every: bool) -> dict[str, Any]:
+        links = [{"a": a, "b": b, "mbps": f.mbps, "first_mbps": f.rounds_figure, "measured": f.measured,
+                  "complete": f.complete, "missed": f.missed, "rounds": self.seen_in.get((a, b), [])}
+                 for (a, b), f in self.rates.items()]
+        return {"schema": 2, "bytes": self.settings.nbytes, "iters": self.settings.iters, "rounds": self.rounds,
+                "all_pairs": every and len(active) == self.world, "links": links, "compute": self.compute_rows,
+                "tested": list(active), "missed": [m.to_json() for m in self.missed],
+                "phases": {k: round(v, 3) for k, v in self.phases.items()}}
+
+
+def best_windows(rank: int, windows: Sequence[Sequence[Mapping[str, Any]]], sharing: int) -> list[dict[str, Any]]:
+    """One row per device: its best window's figure, and every window's."""
+    rows: list[dict[str, Any]] = []
+    if not windows:
+        return rows
+    for i, first in enumerate(windows[0]):
+        mine = [w[i] for w in windows if i < len(w)]
+        best = max(mine, key=lambda d: float(d["tflops"]))
+        rows.append({"rank": rank, "device": first["device"], "gpu": first.get("gpu"), "model": first["model"],
+                     "tflops": float(best["tflops"]), "seconds": float(best.get("seconds", 0.0)),
+                     "windows": [float(d["tflops"]) for d in mine], "kernel_shared_by": sharing})
+    return rows
