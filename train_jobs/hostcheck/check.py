@@ -150,28 +150,31 @@ def exchange(pair: Pair, nbytes: int, iters: int, cap: float) -> dict[str, Any]:
     """Simultaneous send+receive of `nbytes` with the partner (in CHUNKS pieces where the warm-up
     says it may not fit `cap`): `iters` times, more while they take under MIN_EXCHANGE_S (at most
     MAX_EXCHANGES), no exchange or piece begun past `cap` seconds: the figure is the best whole
-    exchange, else what moved in the time it ran."""
+    exchange (its pieces' time, not the round trips that agree on going on), else what moved in
+    the time it ran."""
     device = pair.device
     send = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
     recv = torch.empty_like(send)
     flag = torch.zeros(1, dtype=torch.int32, device=device)
     size = min(WARMUP_BYTES, nbytes) // 4
-    warm = time.perf_counter()
-    pair.swap(send[:size], recv[:size])  # warms the connection up; not timed
+    pair.swap(send[:size], recv[:size])  # sets the connection up; not timed
     _sync(device)
-    # pieces only where the whole might not fit the cap (as the warm-up's pace tells): a healthy
-    # pair's figure is not slowed by the extra round trips
-    flag.fill_(int((time.perf_counter() - warm) * nbytes / max(size * 4, 1) > cap / 4))
+    warm = time.perf_counter()
+    pair.swap(send[:size], recv[:size])  # its pace says whether the whole may not fit the cap
+    _sync(device)
+    # pieces only where the whole might not fit the cap: a healthy pair's exchange is one piece
+    flag.fill_(int((time.perf_counter() - warm) * nbytes / max(size * 4, 1) > cap / 2))
     piece = max(1, (nbytes // 4 + CHUNKS - 1) // CHUNKS) if pair.agree(flag) else nbytes // 4
     best, done, moved = float("inf"), 0, 0
     started = time.perf_counter()
     while True:
-        start = time.perf_counter()
-        sent, whole = 0, True
+        took, sent, whole = 0.0, 0, True  # took: the pieces' own time, not the round trips between them
         while sent < nbytes // 4:
             n = min(piece, nbytes // 4 - sent)
+            start = time.perf_counter()
             pair.swap(send[sent:sent + n], recv[sent:sent + n])
             _sync(device)
+            took += time.perf_counter() - start
             sent += n
             moved += n * 4
             if sent < nbytes // 4:
@@ -180,7 +183,7 @@ def exchange(pair: Pair, nbytes: int, iters: int, cap: float) -> dict[str, Any]:
                     whole = False
                     break
         if whole:
-            best = min(best, time.perf_counter() - start)
+            best = min(best, took)
             done += 1
         spent = time.perf_counter() - started
         flag.fill_(int(whole and spent < cap and done < MAX_EXCHANGES
