@@ -9,14 +9,12 @@ throttling (thermal, power brake), a CPU quota, or a host busy with something el
 
 from __future__ import annotations
 
-import statistics
-from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from orchestrator.checks.base import info, ok, warn
 from orchestrator.checks.model import Basis, Finding
-from train_jobs.hostcheck.verdict import SLOW_COMPUTE  # below half the peers' median is slow
+from train_jobs.hostcheck.verdict import SLOW_COMPUTE, slow_among_peers  # below half the peers' median is slow
 
 CHECK = "compute"
 GPU_FIX = ("look at why the GPU runs slow: `nvidia-smi -q -d PERFORMANCE` (clocks event reasons: thermal, "
@@ -50,16 +48,8 @@ def flops_text(tflops: float) -> str:
 
 def slow_devices(rates: Sequence[DeviceRate], slow: float = SLOW_COMPUTE) -> dict[DeviceRate, float]:
     """device -> its peers' median, for each device below 1/slow of it."""
-    by_model: dict[str, list[DeviceRate]] = defaultdict(list)
-    for r in rates:
-        by_model[r.model].append(r)
-    out: dict[DeviceRate, float] = {}
-    for group in by_model.values():
-        for r in group:
-            peers = [p.tflops for p in group if p is not r]
-            if peers and r.tflops * slow < statistics.median(peers):
-                out[r] = statistics.median(peers)
-    return out
+    found = slow_among_peers([r.model for r in rates], [r.tflops for r in rates], slow)
+    return {rates[i]: median for i, median in found.items()}
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,14 @@ class LinkRate:
     missed: bool = False  # no figure by its deadline (0 MB/s)
     first: float | None = None  # its first figure, in a full round: what the medians are taken of
 
+    @classmethod
+    def of(cls, a: str, b: str, fig: Figure) -> LinkRate:
+        return cls(a, b, fig.mbps, fig.measured, fig.complete, fig.missed, fig.first)
+
+    @property
+    def figure(self) -> Figure:
+        return Figure(self.mbps, self.measured, self.complete, self.missed, self.first)
+
 
 @dataclass(frozen=True)
 class LinkRounds:
@@ -60,7 +68,7 @@ def mb(value: float) -> str:
 
 def judged(hosts: Sequence[str], measured: LinkRounds, slow_compute: Collection[str] = (),
            slow: float = SLOW_LINK) -> Judgement[str]:
-    rates = {(r.a, r.b): Figure(r.mbps, r.measured, r.complete, r.missed, r.first) for r in measured.rates}
+    rates = {(r.a, r.b): r.figure for r in measured.rates}
     return judge(list(hosts), rates, slow_compute, measured.backend == "gloo", slow)
 
 

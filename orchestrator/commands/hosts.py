@@ -44,10 +44,10 @@ def hosts_command(inventory: InventoryOpt = None, release: ReleaseOpt = None, as
     """
     inv = load_inventory(inventory) if inventory is not None else None
     if check:
-        if release is None or inventory is None:
+        if release is None or inv is None:
             raise ConfigError("--check goes with --release HOST and -i <inventory>", key="--check",
                               hint="ddpctl hosts -i hosts.toml --release node3 --check")
-        release_checked(load_inventory(inventory), release, connection, runs_dir, as_json)
+        release_checked(inv, release, connection, runs_dir, as_json)
     if release is not None:
         released = release_host(inv, release)
         print_warnings(released.warnings)

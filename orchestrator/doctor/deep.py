@@ -36,6 +36,8 @@ from orchestrator.launch.options import LaunchOptions
 from orchestrator.launch.plan import LaunchPlan
 from orchestrator.remote.pool import HostPool
 from orchestrator.watch.monitors import standard_monitors
+from train_jobs.hostcheck.coordinate import Missed
+from train_jobs.hostcheck.verdict import Figure
 
 RESULT = "DDPCTL-DEEP "
 CHECKS = ("gpu_health", COMPUTE, LINKS)
@@ -78,18 +80,18 @@ def monitors(plan: LaunchPlan, options: LaunchOptions) -> Sequence[Monitor]:
     return [*standard_monitors(plan, options), StopAtResult()]
 
 
-def _late(hosts: list[str], figures: dict[str, Any]) -> list[Late]:
+def _late(hosts: list[str], missed: list[Missed]) -> list[Late]:
     """The hosts that missed the join or a compute deadline, in words."""
     out = []
-    for m in figures.get("missed", []):
-        if m["phase"] not in ("join", "compute"):
+    for m in missed:
+        if m.phase not in ("join", "compute"):
             continue
-        others = m.get("others_s")
-        took = "" if others is None else (f"; the others started in {others:.1f} s" if m["phase"] == "join"
-                                          else f"; the others took {others:.1f} s")
-        what = "did not start its host check" if m["phase"] == "join" else "did not finish its compute test"
-        out += [Late(hosts[r], f"{what} in {m['after_s']:.0f} s{took} (a starved or overloaded host)",
-                     float(m["after_s"]), others) for r in m["ranks"]]
+        joining = m.phase == "join"
+        took = "" if m.others_s is None else (f"; the others started in {m.others_s:.1f} s" if joining
+                                              else f"; the others took {m.others_s:.1f} s")
+        what = "did not start its host check" if joining else "did not finish its compute test"
+        out += [Late(hosts[r], f"{what} in {m.after_s:.0f} s{took} (a starved or overloaded host)", m.after_s,
+                     m.others_s) for r in m.ranks]
     return out
 
 
@@ -98,14 +100,11 @@ def analyse(hosts: list[str], figures: dict[str, Any]) -> list[Finding]:
     devices = [DeviceRate(hosts[row["rank"]], row["device"], row["model"], float(row["tflops"]),
                           gpu=row["gpu"] is not None, windows=len(row.get("windows") or [1]))
                for row in figures["compute"]]
-    rates = tuple(LinkRate(hosts[row["a"]], hosts[row["b"]], float(row["mbps"]), int(row.get("measured", 1)),
-                           bool(row.get("complete", True)), bool(row.get("missed", False)),
-                           float(row["first_mbps"]) if row.get("first_mbps") is not None else None)
-                  for row in figures["links"])
+    rates = tuple(LinkRate.of(hosts[row["a"]], hosts[row["b"]], Figure.from_json(row)) for row in figures["links"])
     rounds = LinkRounds(rates, int(figures["rounds"]), bool(figures["all_pairs"]), int(figures["bytes"]),
                         str(figures["backend"]))
     slow_cpus = {d.host for d in slow_devices(devices) if not d.gpu}
-    late = _late(hosts, figures)
+    late = _late(hosts, [Missed.from_json(m) for m in figures.get("missed", [])])
     tested = [hosts[r] for r in figures.get("tested", range(len(hosts)))]
     return (compute_findings(hosts, devices, late=late)
             + link_findings(hosts if len(tested) > 2 else tested, rounds, slow_cpus))

@@ -115,7 +115,7 @@ def compute_window(window: float) -> dict[str, Any]:
     return {"devices": rows}
 
 
-class Pair:
+class PairGroup:
     """A two-rank group over the store, for one exchange."""
 
     def __init__(self, store: Any, tag: str, role: int, timeout: float, device: torch.device) -> None:
@@ -146,7 +146,7 @@ class Pair:
         return bool(int(flag.item()))
 
 
-def exchange(pair: Pair, nbytes: int, iters: int, cap: float) -> dict[str, Any]:
+def exchange(pair: PairGroup, nbytes: int, iters: int, cap: float) -> dict[str, Any]:
     """Simultaneous send+receive of `nbytes` with the partner (in CHUNKS pieces where the warm-up
     says it may not fit `cap`): `iters` times, more while they take under MIN_EXCHANGE_S (at most
     MAX_EXCHANGES), no exchange or piece begun past `cap` seconds: the figure is the best whole
@@ -201,10 +201,8 @@ def exchange(pair: Pair, nbytes: int, iters: int, cap: float) -> dict[str, Any]:
 def pair_test(store: Any, command: dict[str, Any], device: torch.device) -> dict[str, Any]:
     cap = float(command["cap_s"])
     try:
-        pair = Pair(store, command["tag"], int(command["role"]), cap + 2.0, device)
-        reply = exchange(pair, int(command["bytes"]), int(command["iters"]), cap)
-        pair.group = None  # the group ends with the exchange
-        return reply
+        pair = PairGroup(store, command["tag"], int(command["role"]), cap + 2.0, device)
+        return exchange(pair, int(command["bytes"]), int(command["iters"]), cap)
     except Exception as exc:  # the partner never connected, or the link broke: a figure-less reply
         text = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
         return {"mbps": None, "error": f"rank {command['partner']}: {text}"}

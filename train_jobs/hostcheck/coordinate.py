@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from train_jobs.hostcheck import schedule
-from train_jobs.hostcheck.verdict import SLOW_COMPUTE, SLOW_LINK, Figure, judge
+from train_jobs.hostcheck.verdict import SLOW_LINK, Figure, judge, slow_among_peers
 
 POLL_S = 0.05
 WINDOWS = 3  # compute: each device's best of this many windows, taken in turns ...
@@ -83,6 +83,12 @@ class Missed:
                 "others_s": None if self.others_s is None else round(self.others_s, 3),
                 "detail": self.detail, "round": self.round}
 
+    @classmethod
+    def from_json(cls, row: Mapping[str, Any]) -> Missed:
+        others = row.get("others_s")
+        return cls(str(row["phase"]), tuple(int(r) for r in row["ranks"]), float(row["after_s"]),
+                   None if others is None else float(others), str(row.get("detail", "")), row.get("round"))
+
 
 @dataclass
 class Coordinator:
@@ -95,6 +101,7 @@ class Coordinator:
     busy: dict[int, int] = field(default_factory=dict)  # rank -> the command it has not answered
     missed: list[Missed] = field(default_factory=list)
     joins: dict[int, dict[str, Any]] = field(default_factory=dict)
+    kernels: dict[int, str] = field(default_factory=dict)  # rank -> its boot id (hosts on one machine share it)
     compute_rows: list[dict[str, Any]] = field(default_factory=list)
     rates: dict[schedule.Pair, Figure] = field(default_factory=dict)
     seen_in: dict[schedule.Pair, list[int]] = field(default_factory=dict)
@@ -150,6 +157,7 @@ class Coordinator:
                     info = self.board.joined(rank)
                     if info is not None:
                         self.joins[rank] = info
+                        self.kernels[rank] = str(info.get("boot", rank))
                         delays.append(self.clock.now() - started)
             seen = news
             limit = schedule.bound(delays, schedule.JOIN_BOUND)
@@ -167,28 +175,28 @@ class Coordinator:
         """Every device of each host, timed in turn among hosts on one kernel; the ranks that
         finished every window in time."""
         started = self.clock.now()
-        kernels = {r: self.joins[r].get("boot", str(r)) for r in ranks}
-        slot = {r: [q for q in ranks if kernels[q] == kernels[r]].index(r) for r in ranks}
+        on_kernel = {r: [q for q in ranks if self.kernels[q] == self.kernels[r]] for r in ranks}
+        slot = {r: on_kernel[r].index(r) for r in ranks}
+        sharing = {r: len(on_kernel[r]) for r in ranks}
         active = list(ranks)
         times: list[float] = []
         windows: dict[int, list[list[dict[str, Any]]]] = {r: [] for r in ranks}
         for _ in range(WINDOWS):  # every host's first window, then every host's second, …
             self._windows(active, slot, windows, times)
         for _ in range(AGAIN_WINDOWS):  # a host that looks slow: more windows, before a verdict
-            looks_slow = self._slow_compute(self._rows(active, windows, kernels, ranks))
+            looks_slow = self._slow_compute(self._rows(active, windows, sharing))
             again = [r for r in active if r in looks_slow]
             if not again:
                 break
             self._windows(active, slot, windows, times, only=again)
-        self.compute_rows = self._rows(active, windows, kernels, ranks)
+        self.compute_rows = self._rows(active, windows, sharing)
         self.phases["compute_s"] = self.clock.now() - started
         return active
 
     @staticmethod
-    def _rows(active: Sequence[int], windows: Mapping[int, list[list[dict[str, Any]]]], kernels: Mapping[int, str],
-              ranks: Sequence[int]) -> list[dict[str, Any]]:
-        return [row for r in active
-                for row in best_windows(r, windows[r], sum(1 for q in ranks if kernels[q] == kernels[r]))]
+    def _rows(active: Sequence[int], windows: Mapping[int, list[list[dict[str, Any]]]],
+              sharing: Mapping[int, int]) -> list[dict[str, Any]]:
+        return [row for r in active for row in best_windows(r, windows[r], sharing[r])]
 
     def _windows(self, active: list[int], slot: Mapping[int, int], windows: dict[int, list[list[dict[str, Any]]]],
                  times: list[float], only: Sequence[int] | None = None) -> None:
@@ -231,8 +239,7 @@ class Coordinator:
             self._collect_late()
             judged = judge(list(ranks), self.rates, slow_compute, self.settings.cpu_links)
             free = [r for r in ranks if r not in self.busy]
-            kernels = {r: str(self.joins[r].get("boot", r)) for r in ranks}
-            plan = schedule.recheck_rounds(judged, self.rates, free, kernels=kernels)
+            plan = schedule.recheck_rounds(judged, self.rates, free, kernels=self.kernels)
             if not plan:
                 break
             self._round(plan[0])
@@ -255,16 +262,8 @@ class Coordinator:
     def _slow_compute(self, rows: Sequence[Mapping[str, Any]] | None = None) -> set[int]:
         """The ranks with a device below 1/SLOW_COMPUTE of its peers' median (of the same model)."""
         rows = self.compute_rows if rows is None else rows
-        by_model: dict[str, list[float]] = {}
-        for row in rows:
-            by_model.setdefault(row["model"], []).append(row["tflops"])
-        out: set[int] = set()
-        for row in rows:
-            peers = list(by_model[row["model"]])
-            peers.remove(row["tflops"])
-            if peers and row["tflops"] * SLOW_COMPUTE < statistics.median(peers):
-                out.add(row["rank"])
-        return out
+        found = slow_among_peers([row["model"] for row in rows], [row["tflops"] for row in rows])
+        return {rows[i]["rank"] for i in found}
 
     def _round(self, pairs: Sequence[schedule.Pair]) -> None:
         self._collect_late()
@@ -282,26 +281,20 @@ class Coordinator:
         got = self._wait(asked, lambda: cap + schedule.LINK_SLACK, lambda *_: None)
         for a, b in pairs:
             self.seen_in.setdefault((a, b), []).append(number)
-            old = self.rates.get((a, b))
-            measured = (old.measured if old else 0) + 1
             lead = got.get(a)
-            if a in got and b in got and lead is not None and lead.get("mbps") is not None:
-                fig = Figure(float(lead["mbps"]), measured, bool(lead.get("complete")))
+            if b in got and lead is not None and lead.get("mbps") is not None:
+                fig = Figure(float(lead["mbps"]), 1, bool(lead.get("complete")))
                 if fig.complete:
                     self.pair_times.append(float(lead.get("seconds") or 0.0))
             else:
                 late = tuple(r for r in (a, b) if r not in got)
                 why = "; ".join(str(got[r].get("error")) for r in (a, b) if r in got and got[r].get("error"))
-                fig = Figure(0.0, measured, False, missed=True)
+                fig = Figure(0.0, 1, False, missed=True)
                 others = statistics.median(self.pair_times) if self.pair_times else None
                 self.missed.append(Missed("links", (a, b), cap + schedule.LINK_SLACK if late else cap, others,
                                           why or f"rank {', '.join(map(str, late))} did not answer", number))
-            first = fig.mbps if old is None else old.rounds_figure
-            if old is None or fig.mbps >= old.mbps:
-                self.rates[(a, b)] = Figure(fig.mbps, measured, fig.complete or (old is not None and old.complete),
-                                            fig.missed and (old is None or old.missed), first)
-            else:
-                self.rates[(a, b)] = Figure(old.mbps, measured, old.complete, old.missed, first)
+            old = self.rates.get((a, b))
+            self.rates[(a, b)] = fig if old is None else old.again(fig)
         self.progress(f"DDPCTL-DEEP-ROUND {number} {len(pairs)}")
 
     def _finish_busy(self) -> None:
@@ -329,8 +322,7 @@ class Coordinator:
         return self.figures(active, every)
 
     def figures(self, active: Sequence[int], every: bool) -> dict[str, Any]:
-        links = [{"a": a, "b": b, "mbps": f.mbps, "first_mbps": f.rounds_figure, "measured": f.measured,
-                  "complete": f.complete, "missed": f.missed, "rounds": self.seen_in.get((a, b), [])}
+        links = [{"a": a, "b": b, **f.to_json(), "rounds": self.seen_in.get((a, b), [])}
                  for (a, b), f in self.rates.items()]
         return {"schema": 2, "bytes": self.settings.nbytes, "iters": self.settings.iters, "rounds": self.rounds,
                 "all_pairs": every and len(active) == self.world, "links": links, "compute": self.compute_rows,

@@ -20,7 +20,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 H = TypeVar("H", bound=Hashable)
 
@@ -47,6 +47,22 @@ class Figure:
         for the fabric (or, here, the cores) as in the others; a recheck round measures fewer pairs
         at once, and its figures would raise the median the others are held against."""
         return self.mbps if self.first is None else self.first
+
+    def again(self, new: Figure) -> Figure:
+        """This pair measured once more (`new`, one measurement): its best figure, its first kept."""
+        best = new if new.mbps >= self.mbps else self
+        return Figure(best.mbps, self.measured + new.measured, self.complete or new.complete,
+                      self.missed and new.missed, self.rounds_figure)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"mbps": self.mbps, "first_mbps": self.rounds_figure, "measured": self.measured,
+                "complete": self.complete, "missed": self.missed}
+
+    @classmethod
+    def from_json(cls, row: Mapping[str, Any]) -> Figure:
+        first = row.get("first_mbps")
+        return cls(float(row["mbps"]), int(row.get("measured", 1)), bool(row.get("complete", True)),
+                   bool(row.get("missed", False)), None if first is None else float(first))
 
 
 @dataclass(frozen=True)
@@ -90,12 +106,28 @@ class Judgement(Generic[H]):
     pairs: list[PairVerdict[H]] = field(default_factory=list)
     doubt: list[H] = field(default_factory=list)  # hosts to meet with hosts known good
     unconfirmed: list[tuple[H, H]] = field(default_factory=list)  # slow pairs to measure again
-    explained: list[tuple[H, H]] = field(default_factory=list)  # slow pairs a slow host explains
 
     def good(self) -> list[H]:
         """Hosts known good: at pace with MIN_PARTNERS partners or more, on no slow link."""
         return [h for h, v in self.hosts.items()
                 if v.kind == "fine" and len(v.partners) >= MIN_PARTNERS and not v.slow_partners]
+
+
+def slow_among_peers(models: Sequence[str], figures: Sequence[float],
+                     slow: float = SLOW_COMPUTE) -> dict[int, float]:
+    """index -> its peers' median, for each item below 1/slow of the median of the other items of
+    its model (a GPU's name; a CPU's model and threads): the compute rule, for the coordinator and
+    for doctor's findings."""
+    by_model: dict[str, list[int]] = {}
+    for i, model in enumerate(models):
+        by_model.setdefault(model, []).append(i)
+    out: dict[int, float] = {}
+    for group in by_model.values():
+        for i in group:
+            peers = [figures[j] for j in group if j != i]
+            if peers and figures[i] * slow < statistics.median(peers):
+                out[i] = statistics.median(peers)
+    return out
 
 
 def _key(a: H, b: H, rates: Mapping[tuple[H, H], Figure]) -> tuple[H, H]:
@@ -185,8 +217,7 @@ def _judge_pairs(out: Judgement[H], rates: Mapping[tuple[H, H], Figure], index: 
         if (a, b) in out.unconfirmed:
             continue  # measured again first (a host's verdict in doubt)
         if {a, b} & blamed:
-            out.explained.append((a, b))
-            continue
+            continue  # explained by that host
         a_others = [f.mbps for p, f in index[a].items() if p != b and p not in blamed]
         b_others = [f.mbps for p, f in index[b].items() if p != a and p not in blamed]
         for end, figures in ((a, a_others), (b, b_others)):
