@@ -6,11 +6,12 @@ import importlib
 import os
 import sys
 
+from node_agent import protocol
 from node_agent.protocol import PROTOCOL_VERSION, emit_result, read_request
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing is for the checker only (node_agent/__init__.py)
-    from typing import Any, Callable, Dict
+    from typing import Any, Callable, Dict, Optional
 
 # op name -> "module:function". Each function takes (request, control_stream) and returns a
 # JSON-able dict; an "exit_code" key in it becomes the process exit code. "_sent": the op has
@@ -60,18 +61,21 @@ def _load(op: str) -> Callable[[Dict[str, Any], Any], Dict[str, Any]]:
     return getattr(importlib.import_module(module_name), func_name)
 
 
-def main() -> int:
-    """Run the request's op. Ends with os._exit: reader threads may still block on stdin."""
-    code = _run()
+def main(request: Optional[bytes] = None, cache: str = "") -> int:
+    """Run the request's op (its line when the bootstrap read it; `cache`: what the agent's cache
+    did, see orchestrator/remote/agent.py). Ends with os._exit: reader threads may still block on
+    stdin."""
+    protocol.agent_cache = cache
+    code = _run(request)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
 
 
-def _run() -> int:
+def _run(line: Optional[bytes]) -> int:
     control = sys.stdin.buffer
     try:
-        request = read_request(control)
+        request = read_request(control, line)
         result = _load(str(request["op"]))(request, control)
     except Exception as exc:  # an agent that crashes still answers with one JSON result
         import traceback

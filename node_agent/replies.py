@@ -1,6 +1,7 @@
 """Every reply and event record the node agent sends the control plane, declared once: here and in
-replies_ports.py, replies_run.py, replies_jobs.py and replies_top.py (one module per group of ops:
-each frozen dataclass costs its importer ~0.5 ms on the host, so an op loads only its own).
+replies_ports.py, replies_run.py, replies_jobs.py, replies_top.py, replies_gpu.py and
+replies_facts.py (one module per group of ops: each frozen dataclass costs its importer ~0.5 ms on
+the host, so an op loads only its own; the facts op builds its sub-facts as plain dicts).
 
 The agent builds these and sends `wire(reply)` (their fields are the JSON keys); the control plane
 decodes the same classes from their annotations (orchestrator/remote/wire.py `decode`). A field

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 
 from node_agent.attach import listen, serve
 from node_agent.attempt_mark import claim
@@ -36,6 +37,7 @@ from node_agent.replies_run import (
     SuperviseResult,
 )
 from node_agent.replies_top import HostSample
+from node_agent.requests import SuperviseRequest, read
 from node_agent.runstate import (
     JOB_ENV,
     NODE_RANK_ENV,
@@ -81,13 +83,13 @@ def newest_mtime(directory: str) -> Optional[float]:
 class Supervisor:
     """One supervised torchrun: its process, its state file, its log, and why it stopped."""
 
-    def __init__(self, request: Dict[str, Any], detached: bool) -> None:
+    def __init__(self, request: SuperviseRequest, detached: bool) -> None:
         self.request = request
-        self.job_id = str(request["job_id"])
-        rank_env = request.get("node_rank_env")  # a scheduler numbers the nodes (Slurm: SLURM_PROCID)
-        self.node_rank = int(os.environ[rank_env] if rank_env else request.get("node_rank", 0))
-        self.grace = float(request.get("grace", 10.0))
-        self.heartbeat_timeout = float(request.get("heartbeat_timeout", 20.0))
+        self.job_id = request.job_id
+        rank_env = request.node_rank_env
+        self.node_rank = int(os.environ[rank_env]) if rank_env else request.node_rank
+        self.grace = float(request.grace)
+        self.heartbeat_timeout = float(request.heartbeat_timeout)
         self.detached = detached
         self.dir = node_state_dir(self.job_id, self.node_rank)
         self.log_path = self.dir / "output.log"
@@ -98,7 +100,7 @@ class Supervisor:
         self.last_beat = time.monotonic()
         self.stopping = threading.Event()
         self.aborted = False  # the job failed: torchrun was killed with its failed rank (stop)
-        self.wrap = bool(request.get("wrap"))
+        self.wrap = request.wrap
         self.rank_dir = self.dir / "ranks"
         self.rank_records: Dict[str, Dict[str, Any]] = {}  # "<local rank>.<phase>" -> its record
         self.step_mtimes: Dict[str, int] = {}  # "<local rank>.step" -> its mtime when last read
@@ -113,10 +115,10 @@ class Supervisor:
     def argv(self) -> List[str]:
         log_dir = str(self.dir / "torchrun")
         wrapper = [str(self.dir / "rankwrap.py")] if self.wrap else []
-        launcher = list(self.request["launcher"])
+        launcher = list(self.request.launcher)
         if self.wrap and launcher[1:3] == ["-m", TORCHRUN_MODULE]:  # see node_agent/torchrun.py
             launcher[1:3] = [str(self.dir / "bin" / "torchrun")]
-        return [*launcher, "--log-dir", log_dir, *wrapper, *list(self.request["program"])]
+        return [*launcher, "--log-dir", log_dir, *wrapper, *self.request.program]
 
     def write_wrapper(self) -> None:
         """Each rank starts through node_agent/rankwrap.py and torchrun through
@@ -185,15 +187,15 @@ class Supervisor:
         return max(counts) if counts else None
 
     def checkpoint_dir(self) -> Optional[str]:
-        where = (self.request.get("env") or {}).get(CHECKPOINT_ENV)
+        where = self.request.env.get(CHECKPOINT_ENV)
         if not where:
             return None
-        return os.path.join(str(self.request.get("cwd") or "."), os.path.expanduser(str(where)))
+        return os.path.join(self.request.cwd or ".", os.path.expanduser(where))
 
     def attempt(self) -> int:
         """This node's attempt of its run (DDPCTL_ATTEMPT; 0 for a job without restarts)."""
         try:
-            return int((self.request.get("env") or {}).get(ATTEMPT_ENV, 0))
+            return int(self.request.env.get(ATTEMPT_ENV, 0))
         except (TypeError, ValueError):
             return 0
 
@@ -212,12 +214,12 @@ class Supervisor:
 
     def env(self) -> Dict[str, str]:
         env = dict(os.environ)
-        env.update({str(k): str(v) for k, v in (self.request.get("env") or {}).items()})
+        env.update(self.request.env)
         env[JOB_ENV] = self.job_id
         env[NODE_RANK_ENV] = str(self.node_rank)
         if self.wrap:
             env["DDPCTL_RANK_DIR"] = str(self.rank_dir)
-        if self.request.get("nccl_debug"):
+        if self.request.nccl_debug:
             env.update(NCCL_DEBUG="INFO", NCCL_DEBUG_SUBSYS="INIT,NET",
                        NCCL_DEBUG_FILE=str(self.dir / "nccl.%h.%p.log"))
         env["PYTHONUNBUFFERED"] = "1"
@@ -227,8 +229,8 @@ class Supervisor:
         assert self.proc is not None
         data = {
             "job_id": self.job_id,
-            "job_name": self.request.get("job_name"),
-            "run_id": self.request.get("run_id"),  # the same for every attempt of a restarted job
+            "job_name": self.request.job_name or None,
+            "run_id": self.request.run_id or None,  # the same for every attempt of a restarted job
             "node_rank": self.node_rank,
             "hostname": socket.gethostname(),
             "pid": self.proc.pid,
@@ -236,7 +238,7 @@ class Supervisor:
             "start_ticks": proc_start_ticks(self.proc.pid),
             "supervisor_pid": os.getpid(),
             "argv": self.argv(),
-            "cwd": self.request.get("cwd"),
+            "cwd": self.request.cwd or None,
             "started_at": time.time(),
             "detached": self.detached,
             "log": str(self.log_path),
@@ -255,7 +257,7 @@ class Supervisor:
         self.index = open(str(self.dir / "output.idx"), "ab", buffering=0)  # noqa: SIM115
         self.log_end = os.fstat(self.log.fileno()).st_size
         self.proc = subprocess.Popen(
-            self.argv(), cwd=self.request.get("cwd") or None, env=self.env(),
+            self.argv(), cwd=self.request.cwd or None, env=self.env(),
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             start_new_session=True,
         )
@@ -405,11 +407,11 @@ class Supervisor:
         the job's CUDA_VISIBLE_DEVICES to pick its own) and its processes' CPU and memory, sent as a `sample`
         event (orchestrator/watch/ finds an idle GPU or creeping memory in them). A host without
         nvidia-smi is asked once."""
-        every = float(self.request.get("sample_every") or 0)
+        every = float(self.request.sample_every)
         if every <= 0 or self.uplink is None or self.proc is None:
             return
         reader = ProcReader()
-        select = gpu_select({str(k): str(v) for k, v in (self.request.get("env") or {}).items()})
+        select = gpu_select(self.request.env)
         gpus_here = True
         scan = JobScan(self.job_id, self.node_rank)  # reads only the environments of new pids
         before = reader.sample(scan())
@@ -443,7 +445,7 @@ class Supervisor:
         checkpoints = self.checkpoint_dir()
         self.newest_before = newest_mtime(checkpoints) if checkpoints else None
         if checkpoints:  # before any rank starts: an older attempt's rank still running sees it is stale
-            claim(checkpoints, self.request.get("run_id"), self.attempt())
+            claim(checkpoints, self.request.run_id or None, self.attempt())
         self.start()
         assert self.proc is not None
         self.started = self.state()
@@ -458,15 +460,15 @@ class Supervisor:
             self._thread(self.uplink.run)
         for sig in (signal.SIGHUP, signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda s, f: self.stop("supervisor got signal %d" % s))
-        for name in self.request.get("forward_signals") or ():
-            signal.signal(getattr(signal, "SIG" + str(name)), self.forward)
+        for name in self.request.forward_signals:
+            signal.signal(getattr(signal, "SIG" + name), self.forward)
         pump = self._thread(self.pump_output)
         ranks = self._thread(self.watch_ranks)
         if control is not None:
             self._thread(self.read_control, control, sink)
         if listener is not None:
             self._thread(serve, listener, self.attached)
-        if (control is not None or self.request.get("batch")) and self.heartbeat_timeout > 0:
+        if (control is not None or self.request.batch) and self.heartbeat_timeout > 0:
             self._thread(self.watch_heartbeat)
         self._thread(self.watch_host)
         code = self.proc.wait()
@@ -493,7 +495,7 @@ class Supervisor:
             end_job(self.job_id, self.proc.pid, self.grace, self.node_rank)  # stragglers
         errors = self.rank_errors()
         after = newest_mtime(checkpoints) if checkpoints else None
-        nccl = parse_files(sorted(self.dir.glob("nccl.*.log"))) if self.request.get("nccl_debug") else None
+        nccl = parse_files(sorted(self.dir.glob("nccl.*.log"))) if self.request.nccl_debug else None
         result = wire(SuperviseResult(
             exit_code=code, stop_reason=self.stop_reason, first_error=errors[0] if errors else None,
             nccl=None if nccl is None else NcclChoice(**{k: tuple(str(v) for v in nccl.get(k) or ()) for k in (
@@ -513,7 +515,7 @@ class Supervisor:
         return dict(result, _sent=self.uplink is not None)
 
 
-def _daemonize(request: Dict[str, Any]) -> Dict[str, Any]:
+def _daemonize(request: SuperviseRequest) -> Dict[str, Any]:
     """Double-fork a supervisor that outlives this SSH session; return once it has started."""
     sup = Supervisor(request, detached=True)
     state_file = sup.dir / "state.json"
@@ -536,21 +538,22 @@ def _daemonize(request: Dict[str, Any]) -> Dict[str, Any]:
                               exit_code=0 if data else 1))
 
 
-def supervise(request: Dict[str, Any], control: BinaryIO) -> Dict[str, Any]:
-    if request.get("cwd"):  # "~/proj" (a [sync] dest) is the login's home here, as in a shell
-        request["cwd"] = os.path.expanduser(str(request["cwd"]))
-    cwd = request.get("cwd")
+def supervise(wired: Dict[str, Any], control: BinaryIO) -> Dict[str, Any]:
+    request = read(SuperviseRequest, wired)
+    if request.cwd:  # "~/proj" (a [sync] dest) is the login's home here, as in a shell
+        request = replace(request, cwd=os.path.expanduser(request.cwd))
+    cwd = request.cwd
     if cwd and not os.path.isdir(cwd):
         emit_event("error", message="workdir %s does not exist on %s" % (cwd, socket.gethostname()))
         return dict(wire(SuperviseResult(exit_code=2, stop_reason="workdir missing: %s" % cwd, first_error=None,
                                          nccl=None, error=None, log=None)), error_kind="workdir")
-    if request.get("detach"):
+    if request.detach:
         return _daemonize(request)
     sys.stdout.flush()  # from here on the uplink alone writes to stdout
     # "batch": a scheduler (Slurm) started this node: no control channel (stdin is a file), its
     # signals stop the job, heartbeats still go out with the output
     sink = Sink("stdout", fd=sys.stdout.fileno())
-    return Supervisor(request, detached=False).run(None if request.get("batch") else control, sink)
+    return Supervisor(request, detached=False).run(None if request.batch else control, sink)
 
 
 def _rank(value: Any) -> Optional[int]:

@@ -8,10 +8,9 @@ import ipaddress
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from node_agent.ifname import is_suspicious, nccl_auto_pick
-from orchestrator.remote.wire import HostFacts
+from orchestrator.remote.wire import HostFacts, InterfaceFact, MasterRoute, ResolvedAddress, TableRoute
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
@@ -37,18 +36,17 @@ class Route:
     gateway: str | None = None
     local: bool = False  # the address is the host's own
 
-    def to_fact(self) -> dict[str, Any]:
+    def to_fact(self) -> MasterRoute:
         """As the facts' `resolution.routes` entries read (`ip route get`)."""
-        return {"dev": self.dev, "src": self.src, "gateway": self.gateway,
-                "type": "local" if self.local else "unicast"}
+        return MasterRoute(self.dev, self.src, self.gateway, "local" if self.local else "unicast")
 
 
 @dataclass(frozen=True)
 class HostNet:
     """One host's network as it reported it."""
 
-    interfaces: Sequence[Mapping[str, Any]] = ()
-    routes: Sequence[Mapping[str, Any]] = ()
+    interfaces: Sequence[InterfaceFact] = ()
+    routes: Sequence[TableRoute] = ()
     source: str | None = None  # its kernel's source address toward a named master_addr
     master_ip: str | None = None  # what a named master_addr resolved to there
 
@@ -60,9 +58,9 @@ class HostNet:
         """Each address of this host -> (interface, prefix length); link-local ones left out."""
         out: dict[str, tuple[str, int | None]] = {}
         for iface in self.interfaces:
-            for a in iface.get("addresses") or []:
-                if a.get("address") and a.get("scope") != "link":
-                    out[str(a["address"])] = (str(iface.get("name")), a.get("prefixlen"))
+            for a in iface.addresses:
+                if a.address and a.scope != "link":
+                    out[a.address] = (iface.name, a.prefixlen)
         return out
 
     def subnet(self, address: str) -> str:
@@ -75,7 +73,7 @@ class HostNet:
 
     def peer_addresses(self) -> list[str]:
         """Addresses a peer could reach this host at: up, not loopback, IPv4 first."""
-        up = {str(i.get("name")) for i in self.interfaces if i.get("up")}
+        up = {i.name for i in self.interfaces if i.up}
         found = [a for a, (dev, _) in self.own().items() if dev in up and not is_loopback(a)]
         return sorted(found, key=lambda a: (":" in a, found.index(a)))
 
@@ -88,9 +86,9 @@ class HostNet:
         own = self.own()
         if str(target) in own:
             return Route(own[str(target)][0], str(target), None, True)
-        best: tuple[int, int, Mapping[str, Any]] | None = None
+        best: tuple[int, int, TableRoute] | None = None
         for r in self.routes:
-            dst = str(r.get("dst") or "")
+            dst = r.dst
             try:
                 net = ipaddress.ip_network("0.0.0.0/0" if dst == "default" and target.version == 4 else
                                            "::/0" if dst == "default" else dst, strict=False)
@@ -98,15 +96,14 @@ class HostNet:
                 continue
             if net.version != target.version or target not in net:
                 continue
-            key = (net.prefixlen, -int(r.get("metric") or 0))
+            key = (net.prefixlen, -r.metric)
             if best is None or key > best[:2]:
                 best = (*key, r)
         if best is None:
             return None
         r = best[2]
-        dev = str(r.get("dev")) if r.get("dev") else None
-        return Route(dev, str(r.get("src") or self._source(dev, target)) or None,
-                     str(r["gateway"]) if r.get("gateway") else None)
+        dev = r.dev or None
+        return Route(dev, r.src or self._source(dev, target) or None, r.gateway or None)
 
     def _source(self, dev: str | None, target: IPAddress) -> str:
         """A route without its source address (read from /proc/net/route): the device's address
@@ -120,10 +117,10 @@ class HostNet:
 
 def net_of(hf: HostFacts) -> HostNet:
     """A host's network from its facts (the same tables its `listening` event carried)."""
-    resolved = (hf.get("resolution") or {}).get("master") or []
-    v4 = [a for a in resolved if a.get("family") == "inet"]
-    return HostNet(hf.get("interfaces") or (), hf.get("routes") or (), hf.route_source,
-                   str((v4 or resolved)[0]["address"]) if resolved else None)
+    resolved = hf.resolution.master
+    v4 = [a for a in resolved if a.family == "inet"]
+    return HostNet(hf.facts.interfaces or (), hf.facts.routes or (), hf.route_source,
+                   (v4 or resolved)[0].address if resolved else None)
 
 
 def suggest_master(master: str, facts: Mapping[str, HostFacts]) -> str | None:
@@ -219,18 +216,17 @@ class PickedInterfaces:
         return "; ".join(self.why)
 
 
-def usable_names(ifaces: Sequence[Mapping[str, Any]]) -> list[str]:
+def usable_names(ifaces: Sequence[InterfaceFact]) -> list[str]:
     """Interfaces that are up and carry an address NCCL would use (no IPv6 link-local)."""
-    return [str(i.get("name")) for i in ifaces
-            if i.get("up") and any(a.get("scope") != "link" for a in i.get("addresses") or [])]
+    return [i.name for i in ifaces if i.up and any(a.scope != "link" for a in i.addresses)]
 
 
-def gloo_trouble(hostname: str, resolved: Sequence[Mapping[str, Any]], own: Mapping[str, tuple[str, int | None]],
+def gloo_trouble(hostname: str, resolved: Sequence[ResolvedAddress], own: Mapping[str, tuple[str, int | None]],
                  dev: str) -> str | None:
     """Why Gloo's own choice (the host's hostname, resolved) fails across hosts, or None."""
     if not resolved:
         return f"hostname {hostname} does not resolve"
-    first = str(resolved[0].get("address"))
+    first = resolved[0].address
     if is_loopback(first):
         return f"hostname {hostname} resolves to {first}"
     holder = own.get(first, (None, None))[0]
@@ -239,7 +235,7 @@ def gloo_trouble(hostname: str, resolved: Sequence[Mapping[str, Any]], own: Mapp
     return None
 
 
-def nccl_trouble(ifaces: Sequence[Mapping[str, Any]], dev: str) -> str | None:
+def nccl_trouble(ifaces: Sequence[InterfaceFact], dev: str) -> str | None:
     """Why NCCL's own choice (ncclFindInterfaces' order) would not use the route to the master."""
     auto = nccl_auto_pick(usable_names(ifaces))
     if not auto or auto == [dev]:
@@ -255,12 +251,11 @@ def pick_interfaces(env: Mapping[str, str], hf: HostFacts, route: Route | None) 
     dev = route.dev if route is not None else None
     if not dev or dev == "lo":
         return None
-    ifaces = hf.get("interfaces") or []
+    ifaces = hf.facts.interfaces or ()
     out: dict[str, str] = {}
     why: list[str] = []
-    gathered = "hostname_resolution" in hf.facts or "hostname_resolution" in hf.errors
-    if "GLOO_SOCKET_IFNAME" not in env and gathered:
-        trouble = gloo_trouble(hf.hostname, hf.get("hostname_resolution") or [], HostNet(ifaces).own(), dev)
+    if "GLOO_SOCKET_IFNAME" not in env and hf.ran("hostname_resolution"):
+        trouble = gloo_trouble(hf.hostname, hf.facts.hostname_resolution or (), HostNet(ifaces).own(), dev)
         if trouble:
             out["GLOO_SOCKET_IFNAME"] = dev
             why.append(trouble)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Mapping
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from orchestrator.checks.model import Basis, CheckStatus, Finding, Observations
-from orchestrator.remote.wire import HostFacts
+from orchestrator.remote.wire import HostFacts, TorchFact
 
 K = TypeVar("K", bound=Hashable)
 
@@ -47,9 +47,9 @@ def majority(values: Mapping[str, K]) -> tuple[K | None, list[str]]:
     return top, [h for h, v in values.items() if v != top]
 
 
-def torch_of(hf: HostFacts) -> dict[str, Any]:
-    t = hf.get("torch")
-    return t if isinstance(t, dict) else {}
+def torch_of(hf: HostFacts) -> TorchFact:
+    """The host's torch fact (an empty one, not importable, where it sent none)."""
+    return hf.facts.torch or TorchFact()
 
 
 def fact_error(hf: HostFacts, name: str) -> str | None:

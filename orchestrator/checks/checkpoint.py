@@ -13,13 +13,17 @@ from __future__ import annotations
 
 from orchestrator.checks.base import fail, info, listing, ok, skip, warn
 from orchestrator.checks.model import Finding, Observations
+from orchestrator.checks.spec import CheckSpec, Runs, implements
 from orchestrator.remote.wire import CheckpointFact
 
 CHECK = "checkpoint"
+# A column only for a job with a checkpoint_dir.
+SPEC = CheckSpec(CHECK, order=70, runs=Runs.NODE, column="ckpt", shown=lambda ctx: ctx.checkpoint_dir is not None)
 SHARED_FIX = ("set [restart] checkpoint_dir to a path on a filesystem every host mounts (NFS, "
               "Lustre, a shared volume), e.g. an absolute path under the shared mount")
 
 
+@implements(SPEC)
 def check(obs: Observations) -> list[Finding]:
     ctx = obs.ctx
     if ctx.checkpoint_dir is None:
@@ -28,7 +32,7 @@ def check(obs: Observations) -> list[Finding]:
     writable: dict[str, CheckpointFact] = {}
     for host in (h.name for h in ctx.hosts if h.name in obs.facts):
         hf = obs.facts[host]
-        ck = hf.checkpoint
+        ck = hf.facts.checkpoint
         if ck is None:
             out.append(warn(CHECK, host, f"could not check checkpoint_dir {ctx.checkpoint_dir} on {host}",
                             hf.errors.get(CHECK) or "the node agent sent no checkpoint fact"))

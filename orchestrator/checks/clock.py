@@ -7,9 +7,11 @@ from dataclasses import dataclass
 
 from orchestrator.checks.base import ok, warn
 from orchestrator.checks.model import Finding, Observations
+from orchestrator.checks.spec import CheckSpec, Runs, implements
 from orchestrator.remote.wire import HostFacts
 
 CHECK = "clock"
+SPEC = CheckSpec(CHECK, order=140, runs=Runs.NODE | Runs.SLURM, column="clk")
 MAX_SKEW_S = 2.0
 
 
@@ -23,15 +25,16 @@ class Offset:
 
 def offset_of(hf: HostFacts) -> Offset | None:
     """The agent read its clock after `elapsed_s` of work, so inside [sent + elapsed, received]."""
-    remote = hf.get("time")
+    remote = hf.facts.time
     if remote is None:
         return None
-    elapsed = float(hf.get("elapsed_s") or 0.0)
+    elapsed = hf.facts.elapsed_s or 0.0
     earliest = min(hf.sent_at + elapsed, hf.received_at)
     mid = (earliest + hf.received_at) / 2
-    return Offset(float(remote) - mid, (hf.received_at - earliest) / 2)
+    return Offset(remote - mid, (hf.received_at - earliest) / 2)
 
 
+@implements(SPEC)
 def check(obs: Observations) -> list[Finding]:
     offsets = {h: o for h, hf in obs.facts.items() if (o := offset_of(hf)) is not None}
     if not offsets:

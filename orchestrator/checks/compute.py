@@ -14,9 +14,11 @@ from dataclasses import dataclass
 
 from orchestrator.checks.base import info, ok, warn
 from orchestrator.checks.model import Basis, Finding
+from orchestrator.checks.spec import CheckSpec, Runs
 from train_jobs.hostcheck.verdict import SLOW_COMPUTE, slow_among_peers  # below half the peers' median is slow
 
 CHECK = "compute"
+SPEC = CheckSpec(CHECK, order=170, runs=Runs.DEEP | Runs.JOB, column="cmp")
 GPU_FIX = ("look at why the GPU runs slow: `nvidia-smi -q -d PERFORMANCE` (clocks event reasons: thermal, "
            "power brake, HW slowdown), `nvidia-smi -q -d TEMPERATURE,POWER`, and what else runs on it "
            "(`nvidia-smi`); this check's gpu_health findings name active throttling")

@@ -3,36 +3,37 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any
 
 from orchestrator.checks.addressing import HostNet
 from orchestrator.checks.base import fail, info, listing, ok, skip, warn
 from orchestrator.checks.model import Finding, Observations, ProbeOutcome
-from orchestrator.remote.wire import HostFacts
+from orchestrator.checks.spec import CheckSpec, Runs, implements
+from orchestrator.remote.wire import FirewallFact, HostFacts, IptablesFact, NftFact, UfwFact
 
 CHECK = "firewall"
+SPEC = CheckSpec(CHECK, order=90, runs=Runs.NODE | Runs.LAUNCH | Runs.SLURM, column="fw")
 
 
 def subnet_of(hf: HostFacts | None, address: str) -> str:
     """The CIDR of the interface holding `address` on that host, else the /32 itself."""
-    return HostNet(hf.get("interfaces") or () if hf else ()).subnet(address)
+    return HostNet(hf.facts.interfaces or () if hf else ()).subnet(address)
 
 
 def static_evidence(hf: HostFacts, port: int | None) -> list[str]:
     """Firewall configuration that can block doctor's probes on this host."""
-    fw: dict[str, Any] = hf.get("firewall") or {}
+    fw = hf.facts.firewall or FirewallFact()
     found: list[str] = []
-    ufw = fw.get("ufw") or {}
-    if ufw.get("active") and ufw.get("default_incoming") in ("deny", "reject"):
-        found.append(f"ufw active, default {ufw['default_incoming']} (incoming)")
-    ipt = fw.get("iptables") or {}
-    if ipt.get("policy") in ("DROP", "REJECT"):
-        found.append(f"iptables INPUT policy {ipt['policy']}")
-    found += [f"iptables: {r}" for r in ipt.get("blocking") or []]
-    nft = fw.get("nft") or {}
-    if nft.get("policy_drop"):
+    ufw = fw.ufw or UfwFact()
+    if ufw.active and ufw.default_incoming in ("deny", "reject"):
+        found.append(f"ufw active, default {ufw.default_incoming} (incoming)")
+    ipt = fw.iptables or IptablesFact()
+    if ipt.policy in ("DROP", "REJECT"):
+        found.append(f"iptables INPUT policy {ipt.policy}")
+    found += [f"iptables: {r}" for r in ipt.blocking]
+    nft = fw.nft or NftFact()
+    if nft.policy_drop:
         found.append("nft input chain policy drop")
-    found += [f"nft: {r}" for r in nft.get("blocking") or []]
+    found += [f"nft: {r}" for r in nft.blocking]
     return list(dict.fromkeys(found))
 
 
@@ -128,6 +129,7 @@ def allow_fix(obs: Observations, host: str, peers: list[str]) -> str:
     return f"on {host}: {ufw} (or {iptables}); NCCL and Gloo need every port open between hosts"
 
 
+@implements(SPEC)
 def check(obs: Observations) -> list[Finding]:
     out = probe_findings(obs)
     blamed = {f.host for f in out}

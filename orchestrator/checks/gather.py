@@ -30,7 +30,16 @@ from orchestrator.remote.agent import AgentEvent, AgentResult, start_agent
 from orchestrator.remote.pool import FanOut, HostPool
 from orchestrator.remote.session import Session
 from orchestrator.remote.transport import Transport
-from orchestrator.remote.wire import HostFacts
+from orchestrator.remote.wire import (
+    CheckpointSeen,
+    HostFacts,
+    MasterRoute,
+    ResolutionFact,
+    ResolvedAddress,
+    parse_facts,
+    parse_net,
+    parse_settled,
+)
 
 ENV_PREFIXES = ("NCCL_", "GLOO_", "TORCH_", "MASTER_")
 
@@ -88,10 +97,9 @@ class Listening:
 
     @classmethod
     def of(cls, session: Session, event: AgentEvent | AgentResult) -> Listening:
-        net = event.get("net") or {}
+        net = parse_net(session.host, event.get("net"))
         return cls(session, {int(p["requested"]): p.get("port") for p in event.get("ports", [])},
-                   HostNet(net.get("interfaces") or (), net.get("routes") or (), event.get("source"),
-                           event.get("master_ip")))
+                   HostNet(net.interfaces, net.routes, event.get("source"), event.get("master_ip")))
 
 
 @dataclass
@@ -161,11 +169,14 @@ def open_sessions(pool: HostPool, ctx: DoctorContext, probe: bool,
         finally:
             if rounds is not None and listening is None:
                 rounds.listened(host.name, None)
-        facts = HostFacts(host.name, event.get("facts", {}), event.get("errors", {}), sent,
-                          time.time())
-        return Opened(session, facts, listening)
+        return Opened(session, parse_facts(host.name, payload(event), sent, time.time()), listening)
 
     return pool.map(ctx.hosts, one)
+
+
+def payload(message: AgentEvent | AgentResult) -> Mapping[str, Any]:
+    """An event's fields, or the result's data."""
+    return message.fields if isinstance(message, AgentEvent) else message.data
 
 
 @dataclass(frozen=True)
@@ -195,11 +206,11 @@ def settle_addressing(ctx: DoctorContext, facts: Mapping[str, HostFacts]
     settled = {}
     for name, hf in facts.items():
         route = addressing.routes.get(name)
-        resolution = {"master": [{"family": "inet6" if ":" in ctx.master_addr else "inet",
-                                  "address": ctx.master_addr}],
-                      "routes": {ctx.master_addr: route.to_fact() if route is not None else
-                                 {"error": f"no route to {ctx.master_addr}"}}}
-        settled[name] = replace(hf, facts={**hf.facts, "resolution": resolution},
+        resolution = ResolutionFact(
+            (ResolvedAddress("inet6" if ":" in ctx.master_addr else "inet", ctx.master_addr),),
+            {ctx.master_addr: route.to_fact() if route is not None else
+             MasterRoute(error=f"no route to {ctx.master_addr}")})
+        settled[name] = replace(hf, facts=replace(hf.facts, resolution=resolution), sent=hf.sent | {"resolution"},
                                 errors={k: v for k, v in hf.errors.items() if k != "resolution"})
     return ctx, settled, addressing
 
@@ -215,7 +226,7 @@ def settle_interfaces(ctx: DoctorContext, facts: Mapping[str, HostFacts],
         hf = facts.get(host.name)
         if hf is None:
             continue
-        picked = pick_interfaces(ctx.host_env(host, hf.get("env") or {}), hf, addressing.routes.get(host.name))
+        picked = pick_interfaces(ctx.host_env(host, hf.facts.env or {}), hf, addressing.routes.get(host.name))
         if picked is not None:
             out[host.name] = picked
     return out
@@ -317,16 +328,19 @@ def checkpoint_listings(opened: Mapping[str, Opened], timeout: float = 5.0) -> d
     deadline = time.monotonic() + timeout
     out = {}
     for name, o in opened.items():
-        fact = o.facts.get("checkpoint")
-        if not isinstance(fact, Mapping) or not fact.get("marker"):
+        fact = o.facts.facts.checkpoint
+        if fact is None or not fact.marker:
             out[name] = o.facts
             continue
         try:
-            result = o.session.wait_for("result", deadline)
-            settled = result.get("checkpoint") or {"list_error": "the node agent did not say"}
+            seen = parse_settled(name, payload(o.session.wait_for("result", deadline))) or \
+                CheckpointSeen(list_error="the node agent did not say")
         except HostError as err:
-            settled = {"list_error": f"its session ended without a result: {err.message}"}
-        out[name] = replace(o.facts, facts={**o.facts.facts, "checkpoint": {**fact, **settled}})
+            seen = CheckpointSeen(list_error=f"its session ended without a result: {err.message}")
+        merged = replace(fact, seen=fact.seen if seen.seen is None else seen.seen,
+                         list_error=seen.list_error or fact.list_error,
+                         cleanup_error=seen.cleanup_error or fact.cleanup_error)
+        out[name] = replace(o.facts, facts=replace(o.facts.facts, checkpoint=merged))
     return out
 
 

@@ -12,10 +12,12 @@ from dataclasses import dataclass
 
 from orchestrator.checks.base import fail, info, ok, skip, warn
 from orchestrator.checks.model import CheckStatus, Finding
+from orchestrator.checks.spec import CheckSpec, Runs
 from orchestrator.errors import HostError
 from orchestrator.remote.wire import GpuHealth, GpuHealthReport, XidEvent
 
 GPU_HEALTH = "gpu_health"
+SPEC = CheckSpec(GPU_HEALTH, order=190, runs=Runs.DEEP, column="gpuh")
 
 # clocks_throttle_reasons.active bits (nvml.h nvmlClocksEventReason*). Idle (0x1), application
 # clocks (0x2), SW power cap (0x4), sync boost (0x10) and display clocks (0x100) are normal.

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
-from typing import Any
+from collections.abc import Sequence
 
 from node_agent.ifname import (
     is_suspicious,
@@ -16,41 +16,40 @@ from node_agent.ifname import (
 from orchestrator.checks.addressing import PickedInterfaces, Route, is_loopback, pick_interfaces, usable_names
 from orchestrator.checks.base import fail, info, listing, ok, warn
 from orchestrator.checks.model import Finding, Observations
-from orchestrator.remote.wire import HostFacts
+from orchestrator.checks.spec import CheckSpec, Runs, implements
+from orchestrator.remote.wire import HostFacts, InterfaceFact
 
 CHECK = "ifname"
+SPEC = CheckSpec(CHECK, order=110, runs=Runs.NODE | Runs.LAUNCH | Runs.SLURM, column="if")
 
 
 def master_dev(hf: HostFacts) -> str | None:
     """The interface this host uses to reach the master (the one holding it, on the master)."""
-    routes = (hf.get("resolution") or {}).get("routes") or {}
-    for addr, route in routes.items():
-        if not isinstance(route, dict) or route.get("error"):
+    for addr, route in hf.resolution.routes.items():
+        if route.error:
             continue
-        if route.get("type") != "local":
-            return route.get("dev")
-        for i in hf.get("interfaces") or []:
-            if i.get("name") != "lo" and any(a.get("address") == addr
-                                             for a in i.get("addresses") or []):
-                return str(i.get("name"))
-        return route.get("dev")
+        if route.type != "local":
+            return route.dev
+        for i in hf.facts.interfaces or ():
+            if i.name != "lo" and any(a.address == addr for a in i.addresses):
+                return i.name
+        return route.dev
     return None
 
 
 def master_address(hf: HostFacts) -> str | None:
     """The address this host resolved master_addr to (the one it routes to)."""
-    routes = (hf.get("resolution") or {}).get("routes") or {}
-    return next(iter(routes), None)
+    return next(iter(hf.resolution.routes), None)
 
 
-def reaches_master(iface: dict[str, Any], dev: str | None, master: str | None) -> bool:
+def reaches_master(iface: InterfaceFact, dev: str | None, master: str | None) -> bool:
     """Traffic to the master can leave through this interface: it is the route's device, or the
     master's address lies in one of its subnets."""
-    if dev is not None and iface.get("name") == dev:
+    if dev is not None and iface.name == dev:
         return True
-    for a in iface.get("addresses") or []:
+    for a in iface.addresses:
         try:
-            net = ipaddress.ip_interface(f"{a.get('address')}/{a.get('prefixlen')}").network
+            net = ipaddress.ip_interface(f"{a.address}/{a.prefixlen}").network
             if master is not None and ipaddress.ip_address(master) in net:
                 return True
         except ValueError:
@@ -58,21 +57,21 @@ def reaches_master(iface: dict[str, Any], dev: str | None, master: str | None) -
     return False
 
 
-def _described(ifaces: list[dict[str, Any]], names: list[str]) -> str:
+def _described(ifaces: Sequence[InterfaceFact], names: list[str]) -> str:
     """`docker0 (172.17.0.1/16)` for each name: what a reader needs to see the decoy."""
-    by_name = {str(i.get("name")): i for i in ifaces}
+    by_name = {i.name: i for i in ifaces}
     out = []
     for n in names:
-        addrs = [f"{a.get('address')}/{a.get('prefixlen')}" for a in by_name.get(n, {}).get("addresses") or []
-                 if a.get("scope") != "link"]
+        addrs = [f"{a.address}/{a.prefixlen}" for a in (by_name[n].addresses if n in by_name else ())
+                 if a.scope != "link"]
         out.append(f"{n} ({', '.join(addrs)})" if addrs else n)
     return listing(out)
 
 
-def nccl_finding(host: str, value: str | None, ifaces: list[dict[str, Any]],
+def nccl_finding(host: str, value: str | None, ifaces: Sequence[InterfaceFact],
                  dev: str | None, local_only: bool, master: str | None = None,
                  picked: PickedInterfaces | None = None, common: str | None = None) -> Finding:
-    names = [str(i.get("name")) for i in ifaces]
+    names = [i.name for i in ifaces]
     usable = usable_names(ifaces)
     pin = pin_fix("NCCL_SOCKET_IFNAME", host, dev, value, common)
     evidence = f"interfaces: {listing(names, 16)}; up with an address: {listing(usable, 16)}" + (
@@ -109,11 +108,11 @@ def nccl_finding(host: str, value: str | None, ifaces: list[dict[str, Any]],
         f"; the master is reached via {dev}" if dev else ""), evidence, "" if local_only else pin)
 
 
-def nccl_routing(host: str, value: str, ifaces: list[dict[str, Any]], good: list[str], dev: str,
+def nccl_routing(host: str, value: str, ifaces: Sequence[InterfaceFact], good: list[str], dev: str,
                  master: str | None, evidence: str, pin: str) -> Finding:
     """NCCL bootstraps over the first selected interface and opens data sockets over all of
     them: every selected one must reach the master, the first one above all."""
-    by_name = {str(i.get("name")): i for i in ifaces}
+    by_name = {i.name: i for i in ifaces}
     off = [n for n in good if not reaches_master(by_name[n], dev, master)]
     if not off:
         return ok(CHECK, host, f"NCCL_SOCKET_IFNAME={value} selects {listing(good)}", evidence)
@@ -148,8 +147,8 @@ def pin_fix(var: str, host: str, dev: str | None, value: str | None, common: str
 def gloo_finding(host: str, hf: HostFacts, value: str | None, dev: str | None,
                  local_only: bool, master: str | None = None,
                  picked: PickedInterfaces | None = None, common: str | None = None) -> Finding:
-    ifaces = hf.get("interfaces") or []
-    names = [str(i.get("name")) for i in ifaces]
+    ifaces = hf.facts.interfaces or ()
+    names = [i.name for i in ifaces]
     usable = usable_names(ifaces)
     pin = pin_fix("GLOO_SOCKET_IFNAME", host, dev, value, common)
     if value:
@@ -163,7 +162,7 @@ def gloo_finding(host: str, hf: HostFacts, value: str | None, dev: str | None,
         if down:
             return fail(CHECK, host, f"GLOO_SOCKET_IFNAME={value}: {listing(down)} is down or "
                         f"has no address on {host}", evidence, pin)
-        by_name = {str(i.get("name")): i for i in ifaces}
+        by_name = {i.name: i for i in ifaces}
         off = [n for n in wanted if not local_only and dev and not reaches_master(by_name[n], dev, master)]
         if off:
             to = f"the master {master}" if master else "the master"
@@ -171,8 +170,8 @@ def gloo_finding(host: str, hf: HostFacts, value: str | None, dev: str | None,
                         f"route to {to} on {host} (it is reached via {dev}); Gloo would give peers "
                         "an address they cannot reach", evidence + f"; route to master via {dev}", pin)
         return ok(CHECK, host, f"GLOO_SOCKET_IFNAME={value} is up with an address")
-    resolved = hf.get("hostname_resolution") or []
-    hostname = hf.get("hostname")
+    resolved = hf.facts.hostname_resolution or ()
+    hostname = hf.facts.hostname
     if local_only:
         return info(CHECK, host, "GLOO_SOCKET_IFNAME is unset (single host)")
     if picked is not None and "GLOO_SOCKET_IFNAME" in picked.env:
@@ -184,7 +183,7 @@ def gloo_finding(host: str, hf: HostFacts, value: str | None, dev: str | None,
         return fail(CHECK, host, f"GLOO_SOCKET_IFNAME is unset and hostname {hostname} does not "
                     "resolve: Gloo cannot pick an address", hf.errors.get(
                         "hostname_resolution", ""), pin)
-    first = str(resolved[0].get("address"))
+    first = resolved[0].address
     if is_loopback(first):  # peers would dial their own loopback: certain to fail
         return fail(CHECK, host, f"GLOO_SOCKET_IFNAME is unset and hostname {hostname} resolves "
                     f"to {first}: Gloo would listen on loopback", "/etc/hosts maps the hostname "
@@ -204,12 +203,13 @@ def fits_all(var: str, obs: Observations, devs: dict[str, str]) -> str | None:
         return None
     value = ",".join(names)
     for host, dev in devs.items():
-        selected = match_nccl(value, usable_names(obs.facts[host].get("interfaces") or []))
+        selected = match_nccl(value, usable_names(obs.facts[host].facts.interfaces or ()))
         if not selected or selected[0] != dev:
             return None
     return value
 
 
+@implements(SPEC)
 def check(obs: Observations) -> list[Finding]:
     out: list[Finding] = []
     local_only = all(h.is_local for h in obs.ctx.hosts)
@@ -221,11 +221,11 @@ def check(obs: Observations) -> list[Finding]:
         hf = obs.facts.get(host.name)
         if hf is None:
             continue
-        env = obs.ctx.host_env(host, hf.get("env") or {})
+        env = obs.ctx.host_env(host, hf.facts.env or {})
         dev, master = master_dev(hf), master_address(hf)
         picked = pick_interfaces(env, hf, Route(dev, None)) if multi and obs.ctx.pick_interfaces else None
         out.append(nccl_finding(host.name, env.get("NCCL_SOCKET_IFNAME"),
-                                hf.get("interfaces") or [], dev, local_only, master, picked, nccl_common))
+                                hf.facts.interfaces or (), dev, local_only, master, picked, nccl_common))
         # One host: its ranks meet on it, where Gloo on loopback works (a 127.0.1.1 hostname is no failure)
         out.append(gloo_finding(host.name, hf, env.get("GLOO_SOCKET_IFNAME"), dev, not multi, master, picked,
                                 gloo_common))

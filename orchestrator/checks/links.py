@@ -15,9 +15,11 @@ from dataclasses import dataclass
 
 from orchestrator.checks.base import info, ok, warn
 from orchestrator.checks.model import Basis, Finding
+from orchestrator.checks.spec import CheckSpec, Runs
 from train_jobs.hostcheck.verdict import SLOW_LINK, Figure, HostVerdict, Judgement, PairVerdict, judge
 
 CHECK = "links"
+SPEC = CheckSpec(CHECK, order=180, runs=Runs.DEEP | Runs.JOB, column="link")
 HOST_FIX = ("check the host's link: its negotiated speed (`ethtool <if> | grep Speed`, `ibstat`), errors "
             "(`ip -s link`), cable and switch port, and that NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME name "
             "its fast interface; leave it out of the job until it is fixed")

@@ -8,22 +8,24 @@ from inventory.fields import is_ip_address
 from orchestrator.checks.addressing import is_loopback, suggest_master
 from orchestrator.checks.base import fail, majority, ok, warn
 from orchestrator.checks.model import Finding, Observations
-from orchestrator.remote.wire import HostFacts
+from orchestrator.checks.spec import CheckSpec, Runs, implements
+from orchestrator.remote.wire import HostFacts, MasterRoute, ResolvedAddress
 
 CHECK = "dns"
+SPEC = CheckSpec(CHECK, order=130, runs=Runs.NODE | Runs.LAUNCH | Runs.SLURM)
 LOOPBACK_NAMES = ("localhost", "localhost.localdomain", "ip6-localhost")
 
 
-def first_address(hf: HostFacts) -> dict[str, str] | None:
-    master = (hf.get("resolution") or {}).get("master") or []
+def first_address(hf: HostFacts) -> ResolvedAddress | None:
+    master = hf.resolution.master
     return master[0] if master else None
 
 
 def compared_address(hf: HostFacts) -> str | None:
     """The first IPv4 address (else the first address): what hosts must agree on."""
-    master = (hf.get("resolution") or {}).get("master") or []
-    v4 = [a for a in master if a.get("family") == "inet"]
-    return str((v4 or master)[0]["address"]) if master else None
+    master = hf.resolution.master
+    v4 = [a for a in master if a.family == "inet"]
+    return (v4 or master)[0].address if master else None
 
 
 def host_findings(host: str, hf: HostFacts, addr: str, local_only: bool,
@@ -38,22 +40,21 @@ def host_findings(host: str, hf: HostFacts, addr: str, local_only: bool,
     if first is None:
         return []
     out: list[Finding] = []
-    if is_loopback(first["address"]) and not local_only:
+    if is_loopback(first.address) and not local_only:
         use = f"set master_addr = \"{suggested}\" (the master's address on its route to the other " \
             "hosts), or remove master_addr: ddpctl then picks that address itself" if suggested else \
             "set master_addr to an address of the master that the other hosts reach, or remove " \
             "master_addr: ddpctl then picks one from the master's routes"
         out.append(fail(CHECK, host, f"master_addr {addr} resolves to loopback "
-                        f"{first['address']} on {host}: peers cannot reach it",
+                        f"{first.address} on {host}: peers cannot reach it",
                         f"{addr} is a loopback name on {host}" if addr in LOOPBACK_NAMES else
                         "/etc/hosts maps the name to a loopback address (the 127.0.1.1 hostname line)",
                         use))
-    routes = (hf.get("resolution") or {}).get("routes") or {}
-    route = routes.get(first["address"]) or {}
-    if first["family"] == "inet6" and route.get("error"):
+    route = hf.resolution.routes.get(first.address) or MasterRoute()
+    if first.family == "inet6" and route.error:
         out.append(warn(CHECK, host, f"master_addr {addr} resolves IPv6-first "
-                        f"({first['address']}) but {host} has no IPv6 route to it",
-                        str(route["error"]), "set master_addr to the IPv4 address, or add "
+                        f"({first.address}) but {host} has no IPv6 route to it",
+                        route.error, "set master_addr to the IPv4 address, or add "
                         "`precedence ::ffff:0:0/96 100` to /etc/gai.conf"))
     return out
 
@@ -61,8 +62,8 @@ def host_findings(host: str, hf: HostFacts, addr: str, local_only: bool,
 def duplicate_hostnames(obs: Observations) -> list[Finding]:
     by_name: dict[str, list[str]] = defaultdict(list)
     for host, hf in obs.facts.items():
-        if hf.get("hostname"):
-            by_name[str(hf.get("hostname"))].append(host)
+        if hf.facts.hostname:
+            by_name[hf.facts.hostname].append(host)
     out = []
     for hostname, hosts in by_name.items():
         if len(hosts) > 1:
@@ -80,12 +81,12 @@ def master_is_here(obs: Observations, local_only: bool) -> list[Finding]:
     hf = obs.facts.get(master.name)
     if hf is None or local_only:
         return []
-    for addr, route in ((hf.get("resolution") or {}).get("routes") or {}).items():
-        if isinstance(route, dict) and not route.get("error") and route.get("type") != "local":
+    for addr, route in hf.resolution.routes.items():
+        if not route.error and route.type != "local":
             return [warn(CHECK, master.name, f"master_addr {obs.ctx.master_addr} is not an address of "
                          f"{master.name}, the master host (node_rank 0 hosts the rendezvous)",
-                         f"{master.name} routes {addr} via {route.get('dev')}"
-                         + (f" and gateway {route['gateway']}" if route.get("gateway") else ""),
+                         f"{master.name} routes {addr} via {route.dev}"
+                         + (f" and gateway {route.gateway}" if route.gateway else ""),
                          f"set master_addr to an address of {master.name} ({master.address}), or remove it "
                          "to use that one")]
     return []
@@ -99,10 +100,9 @@ def own_hostname(obs: Observations, local_only: bool) -> list[Finding]:
     out = []
     by_name = {h.name: h for h in obs.ctx.hosts}
     for host, hf in obs.facts.items():
-        gathered = "hostname_resolution" in hf.facts or "hostname_resolution" in hf.errors
-        if not gathered or hf.get("hostname_resolution"):
+        if not hf.ran("hostname_resolution") or hf.facts.hostname_resolution:
             continue
-        hostname = hf.get("hostname") or host
+        hostname = hf.facts.hostname or host
         address = hf.route_source or (by_name[host].address if host in by_name else host)
         out.append(fail(CHECK, host, f"hostname {hostname} of {host} does not resolve on {host}, "
                         "and the c10d rendezvous looks it up",
@@ -112,6 +112,7 @@ def own_hostname(obs: Observations, local_only: bool) -> list[Finding]:
     return out
 
 
+@implements(SPEC)
 def check(obs: Observations) -> list[Finding]:
     out: list[Finding] = []
     addr = obs.ctx.master_addr

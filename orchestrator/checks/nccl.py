@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from orchestrator.checks.base import info, listing, ok, warn
 from orchestrator.checks.model import Finding, Observations
+from orchestrator.checks.spec import CheckSpec, Runs, implements
+from orchestrator.remote.wire import MemlockFact
 
 CHECK = "nccl"
+SPEC = CheckSpec(CHECK, order=120, runs=Runs.NODE | Runs.SLURM)
 DEBUG_LEVELS = ("VERSION", "WARN", "INFO", "TRACE", "ABORT")
 SUBSYSTEMS = ("INIT", "COLL", "P2P", "SHM", "NET", "GRAPH", "TUNING", "ENV", "ALLOC", "CALL",
               "PROXY", "NVLS", "BOOTSTRAP", "REG", "PROFILE", "RAS", "ALL")
@@ -18,8 +21,7 @@ def bad_subsystems(value: str) -> list[str]:
     return [s for s in (p.strip() for p in text.split(",")) if s and s.upper() not in SUBSYSTEMS]
 
 
-def host_findings(host: str, env: dict[str, str], ib: list[str],
-                  memlock: dict[str, int | None] | None) -> list[Finding]:
+def host_findings(host: str, env: dict[str, str], ib: list[str], memlock: MemlockFact | None) -> list[Finding]:
     out: list[Finding] = []
     disable = env.get("NCCL_IB_DISABLE")
     if ib and disable not in (None, "", "0"):
@@ -39,7 +41,7 @@ def host_findings(host: str, env: dict[str, str], ib: list[str],
         out.append(warn(CHECK, host, f"NCCL_DEBUG_SUBSYS={subsys}: unknown subsystem(s) "
                         f"{listing(bad_subsystems(subsys))}", f"valid: {', '.join(SUBSYSTEMS)}",
                         "e.g. NCCL_DEBUG_SUBSYS=INIT,NET (a leading ^ excludes)"))
-    soft = (memlock or {}).get("soft")
+    soft = memlock.soft if memlock is not None else None
     if ib and memlock is not None and soft is not None:
         out.append(warn(CHECK, host, f"ulimit -l (memlock) is {soft // 1024} KiB with InfiniBand "
                         "present: RDMA needs unlimited", f"RLIMIT_MEMLOCK soft={soft}", LIMITS_FIX))
@@ -49,12 +51,13 @@ def host_findings(host: str, env: dict[str, str], ib: list[str],
     return out
 
 
+@implements(SPEC)
 def check(obs: Observations) -> list[Finding]:
     out: list[Finding] = []
     for host in obs.ctx.hosts:
         hf = obs.facts.get(host.name)
         if hf is None:
             continue
-        env = obs.ctx.host_env(host, hf.get("env") or {})
-        out += host_findings(host.name, env, list(hf.get("infiniband") or []), hf.get("memlock"))
+        env = obs.ctx.host_env(host, hf.facts.env or {})
+        out += host_findings(host.name, env, list(hf.facts.infiniband or ()), hf.facts.memlock)
     return out

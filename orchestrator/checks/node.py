@@ -3,52 +3,54 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 from inventory.gpus import selection, show
 from inventory.model import Host
 from orchestrator.checks.base import fail, info, listing, ok, torch_of, warn
 from orchestrator.checks.model import DoctorContext, Finding, Observations
 from orchestrator.checks.selection import busy_apps, selection_findings
-from orchestrator.remote.wire import HostFacts
+from orchestrator.checks.spec import CheckSpec, Runs, implements
+from orchestrator.remote.wire import HostFacts, NvidiaSmiFact, PythonFact
 
 PYTHON = "python"
 GPU = "gpu"
+PYTHON_SPEC = CheckSpec(PYTHON, order=20, runs=Runs.NODE | Runs.LAUNCH | Runs.SLURM, column="py")
+GPU_SPEC = CheckSpec(GPU, order=30, runs=Runs.NODE | Runs.LAUNCH | Runs.SLURM)
 TORCH_LOOKUP = "torch_lookup"  # the launch's sub-fact: is torch there (node_agent/torch_facts.py)
 
 
 def python_findings(name: str, hf: HostFacts, ctx: DoctorContext) -> list[Finding]:
     """The interpreter, and torch in it: imported (doctor's torch fact) or only looked up (the
     launch's torch_lookup fact, which costs no torch import). One judgement for both."""
-    py: dict[str, Any] = hf.get("python") or {}
-    wanted = py.get("requested", "python3")
+    py = hf.facts.python or PythonFact()
+    wanted = py.requested
     if hf.errors.get("python"):
         return [fail(PYTHON, name, "could not inspect the interpreter", hf.errors["python"])]
-    if not py.get("found"):
+    if not py.found:
         return [fail(PYTHON, name, f"interpreter {wanted} not found in the {ctx.session} (the context "
-                     "the launch uses)", f"PATH={py.get('path_env', '')}",
+                     "the launch uses)", f"PATH={py.path_env}",
                      f"install it on {name}, or set {ctx.python_key.format(host=name)}")]
     for fact, doing in (("torch", "import torch"), (TORCH_LOOKUP, "look torch up")):
         if hf.errors.get(fact):
             return [fail(PYTHON, name, f"running {wanted} to {doing} failed",
                          hf.errors[fact], f"run `{wanted} -c 'import torch'` on {name}")]
-    if "torch" not in hf.facts and TORCH_LOOKUP in hf.facts:
-        found = hf.get(TORCH_LOOKUP) or {}
-        if not found.get("found"):
+    lookup = hf.facts.torch_lookup
+    if hf.facts.torch is None and lookup is not None:
+        if not lookup.found:
             return [no_torch(name, py, ctx, "no module named torch on its path (looked up, not imported)")]
-        return [ok(PYTHON, name, f"torch found by {py.get('found')}", str(found.get("origin", "")))]
+        return [ok(PYTHON, name, f"torch found by {py.found}", str(lookup.origin))]
     t = torch_of(hf)
-    if not t.get("importable"):
-        return [no_torch(name, py, ctx, str(t.get("error", "")))]
-    return [ok(PYTHON, name, f"python {t.get('python')}, torch {t.get('version')}, "
-               f"CUDA {t.get('cuda') or '-'}, NCCL {t.get('nccl') or '-'}",
-               f"interpreter {py.get('found')}")]
+    if not t.importable:
+        return [no_torch(name, py, ctx, t.error or "")]
+    return [ok(PYTHON, name, f"python {t.python}, torch {t.version}, "
+               f"CUDA {t.cuda or '-'}, NCCL {t.nccl or '-'}",
+               f"interpreter {py.found}")]
 
 
-def no_torch(name: str, py: Mapping[str, Any], ctx: DoctorContext, evidence: str) -> Finding:
+def no_torch(name: str, py: PythonFact, ctx: DoctorContext, evidence: str) -> Finding:
     """The host's interpreter has no torch: every rank would fail to start."""
-    return fail(PYTHON, name, f"torch is not importable by {py.get('found')}", evidence,
-                f"on {name}: {py.get('found')} -m pip install torch (the version the other "
+    return fail(PYTHON, name, f"torch is not importable by {py.found}", evidence,
+                f"on {name}: {py.found} -m pip install torch (the version the other "
                 f"hosts have), or set {ctx.python_key.format(host=name)} (an interpreter with torch)")
 
 
@@ -56,9 +58,9 @@ def gpu_findings(name: str, hf: HostFacts, wants_gpu: bool, host: Host | None = 
                  job_env: Mapping[str, str] | None = None) -> list[Finding]:
     """nvidia-smi's GPUs, and the host's selection where it has one (`gpus = [0, 2]`). Nothing
     where nvidia-smi was not asked (a launch whose hosts select no GPUs)."""
-    if "gpus" not in hf.facts and "gpus" not in hf.errors:
+    if not hf.ran("gpus"):
         return []
-    smi = hf.get("gpus")
+    smi = hf.facts.gpus
     selected = selection(host) if host is not None else None
     if hf.errors.get("gpus"):
         unchecked = f" (gpus = {show(selected)} not checked)" if selected is not None else ""
@@ -66,7 +68,7 @@ def gpu_findings(name: str, hf: HostFacts, wants_gpu: bool, host: Host | None = 
                      f"run nvidia-smi on {name}; reinstall or reload the NVIDIA driver")]
     if host is not None and selected is not None:
         out = selection_findings(host, selected, hf, job_env or {})
-    elif not smi or not smi.get("gpus"):
+    elif smi is None or not smi.gpus:
         if wants_gpu:
             return [fail(GPU, name, 'nproc_per_node = "gpu" but no NVIDIA GPU was found',
                          "nvidia-smi: " + ("not installed" if smi is None else "no GPUs"),
@@ -75,16 +77,16 @@ def gpu_findings(name: str, hf: HostFacts, wants_gpu: bool, host: Host | None = 
     else:
         out = _all_gpus(name, smi)
     t = torch_of(hf)
-    if smi and smi.get("gpus") and t.get("importable") and not t.get("cuda_available"):
-        out.append(warn(GPU, name, f"torch {t.get('version')} cannot use the GPUs "
-                        "(CPU build or CUDA unavailable)", str(t.get("cuda_error", "")),
+    if smi is not None and smi.gpus and t.importable and not t.cuda_available:
+        out.append(warn(GPU, name, f"torch {t.version} cannot use the GPUs "
+                        "(CPU build or CUDA unavailable)", t.cuda_error or "",
                         "install a CUDA build of torch that matches the driver"))
     return out
 
 
-def _all_gpus(name: str, smi: Mapping[str, Any]) -> list[Finding]:
-    gpus = smi["gpus"]
-    models = sorted({f"{g.get('name')} ({g.get('memory_total_mib') or 0:.0f} MiB)" for g in gpus})
+def _all_gpus(name: str, smi: NvidiaSmiFact) -> list[Finding]:
+    gpus = smi.gpus
+    models = sorted({f"{g.name} ({g.memory_total_mib or 0:.0f} MiB)" for g in gpus})
     out = [ok(GPU, name, f"{len(gpus)} GPU(s): {listing(models)}")]
     busy = busy_apps(smi)
     if busy:
@@ -94,6 +96,7 @@ def _all_gpus(name: str, smi: Mapping[str, Any]) -> list[Finding]:
     return out
 
 
+@implements(PYTHON_SPEC)
 def check_python(obs: Observations) -> list[Finding]:
     out: list[Finding] = []
     for name, hf in obs.facts.items():
@@ -101,6 +104,7 @@ def check_python(obs: Observations) -> list[Finding]:
     return out
 
 
+@implements(GPU_SPEC)
 def check_gpu(obs: Observations) -> list[Finding]:
     wants_gpu = obs.ctx.nproc_per_node == "gpu"
     hosts = {h.name: h for h in obs.ctx.hosts}
@@ -111,6 +115,7 @@ def check_gpu(obs: Observations) -> list[Finding]:
 
 
 NPROC = "nproc"
+NPROC_SPEC = CheckSpec(NPROC, order=40, runs=Runs.NODE | Runs.LAUNCH | Runs.SLURM)
 OVERSUBSCRIBED = 4  # more CPU ranks than this many per CPU is a typo, not a plan
 
 
@@ -118,10 +123,11 @@ def nproc_findings(name: str, hf: HostFacts, spec: object, host: Host | None = N
                    given: str = "nproc_per_node") -> list[Finding]:
     """nproc_per_node (or what `given` names: a host's slots) against the host's CPUs and GPUs
     ("gpu"/"cpu"/"auto" resolve to them; where the host selects GPUs, its ranks see only those)."""
-    if "cpu_count" not in hf.facts:
+    if hf.facts.cpu_count is None:
         return []
     cpus = hf.cpu_count
-    gpus = hf.gpu_count if "gpu_count" in hf.facts else len((hf.get("gpus") or {}).get("gpus") or [])
+    smi = hf.facts.gpus
+    gpus = hf.gpu_count if hf.facts.gpu_count is not None else len(smi.gpus) if smi is not None else 0
     selected = selection(host) if host is not None else None
     gpus = len(selected) if selected is not None else gpus
     evidence = f"{cpus} CPU(s), {gpus} GPU(s)" + (f" (gpus = {show(selected)})" if selected else "")
@@ -142,6 +148,7 @@ def nproc_findings(name: str, hf: HostFacts, spec: object, host: Host | None = N
     return [ok(NPROC, name, f"{spec} rank(s){by} on {evidence}")]
 
 
+@implements(NPROC_SPEC)
 def check_nproc(obs: Observations) -> list[Finding]:
     hosts = {h.name: h for h in obs.ctx.hosts}
     out: list[Finding] = []

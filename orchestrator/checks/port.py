@@ -7,10 +7,13 @@ from __future__ import annotations
 from orchestrator.checks.base import fail, ok, warn
 from orchestrator.checks.master_port import Holder, port_verdict
 from orchestrator.checks.model import Finding, Observations
+from orchestrator.checks.spec import CheckSpec, Runs, implements
 
 CHECK = "port"
+SPEC = CheckSpec(CHECK, order=100, runs=Runs.NODE)
 
 
+@implements(SPEC)
 def check(obs: Observations) -> list[Finding]:
     ctx = obs.ctx
     master = ctx.master.name
@@ -22,7 +25,7 @@ def check(obs: Observations) -> list[Finding]:
     if hf.errors.get("master_port"):
         return [warn(CHECK, master, f"could not inspect port {ctx.master_port}",
                      hf.errors["master_port"])]
-    verdict = port_verdict(master, ctx.master_port, hf.master_port)
+    verdict = port_verdict(master, ctx.master_port, hf.facts.master_port)
     if verdict.holder == Holder.FREE:
         return [ok(CHECK, master, verdict.message)]
     if verdict.holder == Holder.STALE:

@@ -1,30 +1,20 @@
-"""Every doctor check, in table column order; a check that raises becomes a FAIL finding."""
+"""Runs doctor's checks of the facts in table order (catalog.py finds them by their specs); a check
+that raises becomes a FAIL finding."""
 
 from __future__ import annotations
 
 import traceback
 
-from orchestrator.checks import agreement, checkpoint, clock, firewall, ifname, names, nccl, node, port, restarts
-from orchestrator.checks import ssh as ssh_check
+from orchestrator.checks import catalog
 from orchestrator.checks.base import Check, fail
 from orchestrator.checks.model import Finding, Observations
+from orchestrator.checks.spec import Runs
 
-CHECKS: tuple[tuple[str, Check], ...] = (
-    ("ssh", ssh_check.check),
-    ("python", node.check_python),
-    ("gpu", node.check_gpu),
-    ("nproc", node.check_nproc),
-    ("versions", agreement.check_versions),
-    ("workdir", agreement.check_workdir),
-    ("checkpoint", checkpoint.check),
-    ("restarts", restarts.check),
-    ("firewall", firewall.check),
-    ("port", port.check),
-    ("ifname", ifname.check),
-    ("nccl", nccl.check),
-    ("dns", names.check),
-    ("clock", clock.check),
-)
+
+def checks(where: Runs = Runs.NODE) -> tuple[tuple[str, Check], ...]:
+    """Each check of the facts that runs in `where` (every one by default; Runs.LAUNCH: before a
+    launch, Runs.SLURM: in the Slurm doctor's allocation), with its function, in table order."""
+    return tuple((spec.name, catalog.body(spec)) for spec in catalog.specs(where | Runs.NODE))
 
 
 def run_check(name: str, check: Check, obs: Observations) -> list[Finding]:
@@ -35,10 +25,9 @@ def run_check(name: str, check: Check, obs: Observations) -> list[Finding]:
                      traceback.format_exc(limit=3), "this is a ddpctl bug: please report it")]
 
 
-def run_checks(obs: Observations, only: tuple[str, ...] | None = None) -> list[Finding]:
-    """Every check (or those named in `only`: the launch runs a few), in table order."""
+def run_checks(obs: Observations, where: Runs = Runs.NODE) -> list[Finding]:
+    """Every check of the facts (or those that run in `where`: the launch runs a few), in table order."""
     findings: list[Finding] = []
-    for name, check in CHECKS:
-        if only is None or name in only:
-            findings += run_check(name, check, obs)
+    for name, check in checks(where):
+        findings += run_check(name, check, obs)
     return findings

@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from orchestrator.checks import explain
+from orchestrator.checks import catalog, explain
 from orchestrator.checks.model import CheckStatus, Finding, Report
 
 SYMBOL = {
@@ -27,7 +27,7 @@ def table(report: Report) -> Table:
     t.add_column("host", style="bold", no_wrap=True,
                  min_width=min(30, max((len(h) for h in report.hosts), default=4)))
     for check in report.checks:
-        t.add_column(explain.SHORT.get(check, check), justify="center", no_wrap=True)
+        t.add_column(catalog.header(check), justify="center", no_wrap=True)
     for host in report.hosts:
         cells = []
         for check in report.checks:
@@ -73,7 +73,7 @@ def finding_text(f: Finding, hosts: list[str] | None = None) -> Text:
     if f.fix:
         text.append("\n    fix: ", style="bold green")
         text.append(f.fix)
-    if f.check in explain.CHECK_ORDER:
+    if catalog.named(f.check) is not None:
         text.append(f"\n    more: {explain.pointer(f.check)}", style="dim")
     return text
 
@@ -96,6 +96,6 @@ def render(report: Report, console: Console, strict: bool = False) -> None:
 def to_json(report: Report, strict: bool = False) -> str:
     data = report.to_json(strict)
     for finding in data["findings"]:  # where its check's entry is (ddpctl doctor --explain CHECK)
-        if finding["check"] in explain.CHECK_ORDER:
+        if catalog.named(finding["check"]) is not None:
             finding["explain"] = explain.docs_link(finding["check"])
     return json.dumps(data, indent=2)

@@ -9,10 +9,14 @@ from __future__ import annotations
 
 from orchestrator.checks.base import ok, skip, warn
 from orchestrator.checks.model import Finding, Observations
+from orchestrator.checks.spec import CheckSpec, Runs, implements
 
 CHECK = "restarts"
+# A column only for a job with restarts.
+SPEC = CheckSpec(CHECK, order=80, runs=Runs.NODE, column="rst", shown=lambda ctx: ctx.max_restarts > 0)
 
 
+@implements(SPEC)
 def check(obs: Observations) -> list[Finding]:
     ctx = obs.ctx
     if ctx.max_restarts <= 0:
@@ -21,7 +25,7 @@ def check(obs: Observations) -> list[Finding]:
     hf = obs.facts.get(host.name)
     if hf is None:
         return []  # no facts from it: the ssh check says why
-    python, found = host.python, hf.ddpctl_lookup
+    python, found = host.python, hf.facts.ddpctl_lookup
     if found is None:
         return [warn(CHECK, host.name, f"could not tell whether ddpctl is importable by {python} on {host.name}",
                      hf.errors.get("ddpctl_lookup") or "the node agent sent no ddpctl_lookup fact",

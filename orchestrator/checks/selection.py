@@ -5,48 +5,52 @@ selected GPU (a warning naming the process, its user or ddpctl job, and free GPU
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 from inventory.gpus import env_conflict, show, visible_devices
 from inventory.model import Host
 from orchestrator.checks.base import fail, listing, ok, torch_of, warn
 from orchestrator.checks.model import Finding
-from orchestrator.remote.wire import HostFacts
+from orchestrator.remote.wire import HostFacts, NvidiaSmiFact, SmiApp
 
 GPU = "gpu"
 
 
-def app_text(app: Mapping[str, Any], index: object, me: str | None) -> str:
+def app_text(app: SmiApp, index: object, me: str | None) -> str:
     """`GPU 1: pid 4242 python (1200 MiB), user alice` (or `ddpctl job X`, or `owner not visible`)."""
-    job, user = app.get("ddpctl_job_id"), app.get("user")
+    job, user = app.ddpctl_job_id, app.user
     if job:
         owner = f"ddpctl job {job}" + (f" of user {user}" if user and user != me else "")
     elif user:
         owner = f"user {user}" + (" (the login user)" if user == me else "")
     else:
         owner = "owner not visible on the host"
-    return (f"GPU {index}: pid {app.get('pid')} {app.get('name')} ({app.get('used_memory_mib') or 0:.0f} MiB), "
+    return (f"GPU {index}: pid {app.pid} {app.name} ({app.used_memory_mib or 0:.0f} MiB), "
             f"{owner}")
 
 
-def busy_apps(smi: Mapping[str, Any], only: tuple[int, ...] | None = None) -> list[str]:
+def busy_apps(smi: NvidiaSmiFact, only: tuple[int, ...] | None = None) -> list[str]:
     """Every compute process nvidia-smi lists (on the GPUs in `only`, when given), described."""
-    index = {g.get("uuid"): g.get("index") for g in smi.get("gpus") or []}
-    return [app_text(a, index.get(a.get("gpu_uuid"), "?"), smi.get("user"))
-            for a in smi.get("apps") or []
-            if only is None or index.get(a.get("gpu_uuid")) in only]
+    index = gpu_indices(smi)
+    return [app_text(a, index.get(a.gpu_uuid, "?"), smi.user)
+            for a in smi.apps
+            if only is None or index.get(a.gpu_uuid) in only]
+
+
+def gpu_indices(smi: NvidiaSmiFact) -> dict[str, int]:
+    """Each GPU's index by its uuid (how nvidia-smi names a process's GPU)."""
+    return {g.uuid: g.index for g in smi.gpus}
 
 
 def present_indices(hf: HostFacts) -> tuple[list[int], str]:
     """The host's GPU indices and where they come from: nvidia-smi's list; where nvidia-smi is not
     installed, the driver's GPU count (the launch's gpu_count) or torch's device count (doctor's)."""
-    smi = hf.get("gpus")
+    smi = hf.facts.gpus
     if smi is not None:
-        listed = [int(g["index"]) for g in smi.get("gpus") or [] if isinstance(g.get("index"), int)]
+        listed = [g.index for g in smi.gpus]
         return listed, "nvidia-smi indices: " + (listing(map(str, listed), 16) if listed else "no GPUs")
-    if "gpu_count" in hf.facts:
+    if hf.facts.gpu_count is not None:
         return list(range(hf.gpu_count)), f"nvidia-smi is not installed; the driver lists {hf.gpu_count} GPU(s)"
-    count = int(torch_of(hf).get("device_count") or 0)
+    count = torch_of(hf).device_count or 0
     return list(range(count)), f"nvidia-smi is not installed; torch sees {count} GPU(s)"
 
 
@@ -65,8 +69,8 @@ def selection_findings(host: Host, selected: tuple[int, ...], hf: HostFacts,
     missing = [i for i in selected if i not in present]
     if missing:
         return [*out, _missing(name, selected, missing, present, evidence)]
-    smi = hf.get("gpus") or {}
-    models = sorted({str(g.get("name")) for g in smi.get("gpus") or [] if g.get("index") in selected})
+    smi = hf.facts.gpus or NvidiaSmiFact()
+    models = sorted({g.name for g in smi.gpus if g.index in selected})
     out.append(ok(GPU, name, f"gpus = {show(selected)} of {len(present)} GPU(s): "
                   f"CUDA_VISIBLE_DEVICES={visible_devices(selected)}", listing(models) or evidence))
     busy = busy_apps(smi, selected)
@@ -91,12 +95,12 @@ def _missing(name: str, selected: tuple[int, ...], missing: list[int], present: 
                 'or gpus = "auto" for all of them')
 
 
-def _busy_fix(name: str, selected: tuple[int, ...], smi: Mapping[str, Any], present: list[int]) -> str:
-    index = {g.get("uuid"): g.get("index") for g in smi.get("gpus") or []}
-    used = {index.get(a.get("gpu_uuid")) for a in smi.get("apps") or []}
-    jobs = sorted({str(a["ddpctl_job_id"]) for a in smi.get("apps") or []  # the login user's jobs only
-                   if a.get("ddpctl_job_id") and index.get(a.get("gpu_uuid")) in selected
-                   and a.get("user") in (None, smi.get("user"))})
+def _busy_fix(name: str, selected: tuple[int, ...], smi: NvidiaSmiFact, present: list[int]) -> str:
+    index = gpu_indices(smi)
+    used = {index.get(a.gpu_uuid) for a in smi.apps}
+    jobs = sorted({a.ddpctl_job_id for a in smi.apps  # the login user's jobs only
+                   if a.ddpctl_job_id and index.get(a.gpu_uuid) in selected
+                   and a.user in (None, smi.user)})
     free = [i for i in present if i not in used]
     fixes = [f"ddpctl down {job}" for job in jobs]
     if len(free) >= len(selected):

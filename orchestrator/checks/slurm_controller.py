@@ -13,10 +13,14 @@ from datetime import timedelta
 from inventory.specs import SlurmSpec, time_seconds
 from orchestrator.checks.base import fail, info, listing, ok, warn
 from orchestrator.checks.model import CheckStatus, Finding
+from orchestrator.checks.spec import CheckSpec, Runs
 from orchestrator.errors import HostError
 from orchestrator.remote.slurm_client import parse_key_values
 
 SLURM, PARTITION, PROCTRACK = "slurm", "partition", "proctrack"
+SLURM_SPEC = CheckSpec(SLURM, order=200, runs=Runs.SLURM)
+PARTITION_SPEC = CheckSpec(PARTITION, order=210, runs=Runs.SLURM)
+PROCTRACK_SPEC = CheckSpec(PROCTRACK, order=220, runs=Runs.SLURM)
 UNLIMITED = ("UNLIMITED", "INFINITE")
 WEAK_PROCTRACK = {
     "proctrack/linuxproc": "finds a job's processes by parent pid: ones that double-fork (daemonize) escape it",

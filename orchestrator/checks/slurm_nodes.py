@@ -17,6 +17,7 @@ from inventory.sbatch import allocation_options
 from inventory.slurm_table import DEFAULT_BASE_PORT, node_hosts
 from inventory.specs import SlurmSpec
 from node_agent.layout import SLURM_PORT_SPREAD, SLURM_PORT_TRIES, slurm_state_dir
+from orchestrator.checks import catalog
 from orchestrator.checks.base import fail, listing, ok
 from orchestrator.checks.gather import facts_request
 from orchestrator.checks.model import (
@@ -28,9 +29,6 @@ from orchestrator.checks.model import (
 )
 from orchestrator.checks.registry import run_checks
 from orchestrator.checks.slurm_controller import (
-    PARTITION,
-    PROCTRACK,
-    SLURM,
     Controller,
     controller_checks,
     controller_host,
@@ -39,20 +37,30 @@ from orchestrator.checks.slurm_controller import (
     time_limit_s,
     unreachable_finding,
 )
+from orchestrator.checks.spec import CheckSpec, Runs
 from orchestrator.errors import HostError, HostErrorKind
 from orchestrator.remote.agent import request_bytes
 from orchestrator.remote.slurm_client import SlurmClient, node_script, on_every_node, task_reply
-from orchestrator.remote.wire import HostFacts
+from orchestrator.remote.wire import HostFacts, parse_facts
 
 ALLOC = "alloc"
-NODE_CHECKS = ("python", "gpu", "nproc", "versions", "workdir", "firewall", "ifname", "nccl", "dns", "clock")
-CHECK_ORDER = (SLURM, PARTITION, PROCTRACK, ALLOC, *NODE_CHECKS)
+SPEC = CheckSpec(ALLOC, order=230, runs=Runs.SLURM)
 JOB_NAME = "ddpctl-doctor"
 POLL_S = 0.5  # squeue while the node-check job is queued or runs
 BARRIER_S = 30.0  # how long a node waits for the others' files on the shared filesystem
 CANCEL_WAIT_S = 30.0
 REPROBE_TIMEOUT_S = 60.0  # the watchdog's probe inside a running job, all nodes together
 TOO_FEW = "fewer than two nodes answered"
+
+
+def node_checks() -> tuple[str, ...]:
+    """doctor's checks of the facts that the allocation runs on every node (Runs.SLURM in their specs)."""
+    return catalog.names(Runs.NODE | Runs.SLURM)
+
+
+def check_order() -> tuple[str, ...]:
+    """The Slurm doctor's columns: its own checks (the controller's, the allocation's), then the node checks."""
+    return tuple(s.name for s in catalog.specs(Runs.SLURM) if Runs.NODE not in s.runs) + node_checks()
 
 
 # -- the controller: two scontrol calls, the pure checks in checks/slurm.py -----------------------
@@ -281,24 +289,21 @@ def node_findings(run: NodeRun) -> list[Finding]:
     return out
 
 
-def node_address(name: str, reply: Mapping[str, Any] | None) -> str:
+def node_address(name: str, hf: HostFacts | None) -> str:
     """Where peers reach a node: the first non-loopback address its hostname resolves to there."""
-    facts = (reply or {}).get("facts") or {}
-    for entry in facts.get("hostname_resolution") or []:
-        address = str(entry.get("address"))
-        if not address.startswith("127.") and address != "::1":
-            return address
+    for entry in (hf.facts.hostname_resolution or ()) if hf is not None else ():
+        if not entry.address.startswith("127.") and entry.address != "::1":
+            return entry.address
     return name
 
 
 def node_observations(ctx: DoctorContext, run: NodeRun) -> Observations:
     """Doctor's observations of the allocated nodes (named as Slurm names them, in task order)."""
-    hosts = tuple(replace(h, name=n, address=node_address(n, run.replies.get(n)))
+    facts = {n: parse_facts(n, r, run.submitted_at, run.ended_at) for n, r in run.replies.items()}
+    hosts = tuple(replace(h, name=n, address=node_address(n, facts.get(n)))
                   for h, n in zip(ctx.hosts, run.nodes, strict=False))
     ctx = replace(ctx, hosts=hosts, master=hosts[0], master_addr=hosts[0].name,
                   workdirs={h.name: ctx.workdirs[old.name] for h, old in zip(hosts, ctx.hosts, strict=False)})
-    facts = {n: HostFacts(n, r.get("facts") or {}, r.get("errors") or {}, run.submitted_at, run.ended_at)
-             for n, r in run.replies.items()}
     return Observations(ctx, facts, run.failed, probe_results(run.nodes, run.replies))
 
 
@@ -330,5 +335,5 @@ def node_phase(client: SlurmClient, job: Job, ctrl: Controller, timeout_s: float
     run = run_allocation(client, spec, request, timeout_s, minutes, controller_host(spec), notice)
     findings = run.findings + node_findings(run)
     if run.replies:
-        findings += run_checks(node_observations(ctx, run), only=NODE_CHECKS)
+        findings += run_checks(node_observations(ctx, run), Runs.SLURM)
     return run, findings

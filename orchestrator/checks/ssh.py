@@ -5,9 +5,11 @@ from __future__ import annotations
 from inventory import Host
 from orchestrator.checks.base import fail, ok
 from orchestrator.checks.model import Finding, Observations
+from orchestrator.checks.spec import CheckSpec, Runs, implements
 from orchestrator.errors import HostError, HostErrorKind
 
 CHECK = "ssh"
+SPEC = CheckSpec(CHECK, order=10, runs=Runs.NODE)
 
 WHAT = {
     HostErrorKind.UNREACHABLE: "host unreachable (no route to it, or no answer before the connect timeout)",
@@ -41,6 +43,7 @@ def finding_for(host: Host, err: HostError) -> Finding:
                 f"{err.kind.value}: {err.message}", fix)
 
 
+@implements(SPEC)
 def check(obs: Observations) -> list[Finding]:
     out: list[Finding] = []
     for host in obs.ctx.hosts:

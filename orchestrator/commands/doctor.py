@@ -127,11 +127,12 @@ def explain(name: str) -> None:
     """`--explain CHECK`: the check's entry, as Markdown on a terminal, as its text elsewhere."""
     from rich.markdown import Markdown
 
+    from orchestrator.checks import catalog
     from orchestrator.checks import explain as entries
 
     check = entries.resolve(name)
     if check is None:
-        names = ", ".join(f"{c} ({entries.SHORT[c]})" if c in entries.SHORT else c for c in entries.CHECK_ORDER)
+        names = ", ".join(f"{s.name} ({s.column})" if s.column else s.name for s in catalog.specs())
         raise ConfigError(f"doctor has no check {name!r}", key="--explain", hint=f"one of: {names}")
     text = entries.entry(check)
     if console.is_terminal:

@@ -20,8 +20,10 @@ from inventory.gpus import show
 from inventory.jobfile import MAX_JOIN_TIMEOUT_S
 from inventory.restart import MAX_RESTARTS
 from inventory.slurm_table import node_hosts
+from orchestrator.checks import catalog
 from orchestrator.checks.model import CheckStatus
 from orchestrator.checks.render import finding_text, grouped
+from orchestrator.checks.spec import Runs
 from orchestrator.commands.common import (
     BackendChoice,
     GraceOpt,
@@ -38,7 +40,7 @@ from orchestrator.launch.observer import Pulse, plan_summary
 from orchestrator.launch.options import LaunchOptions, OnHang
 from orchestrator.launch.outcome import EXIT_STOPPED
 from orchestrator.launch.plan import LaunchPlan, mask_env
-from orchestrator.launch.preflight import LAUNCH_CHECKS, ChecksFailed
+from orchestrator.launch.preflight import ChecksFailed
 from orchestrator.launch.progress import Status
 from orchestrator.launch.result import HostRun, HostState, RunResult
 from orchestrator.remote.ssh_options import Connection
@@ -244,7 +246,7 @@ def print_dry_run_limits(plan: LaunchPlan, checks: bool) -> None:
     if not checks:
         return
     err_console.print(f"\nnot checked (a dry run does not contact the hosts for it): the pre-launch checks "
-                      f"({', '.join(LAUNCH_CHECKS)}): master port reachable from every host, master_addr "
+                      f"({', '.join(catalog.names(Runs.LAUNCH))}): master port reachable from every host, master_addr "
                       "and hostnames resolving, NCCL/GLOO_SOCKET_IFNAME, the script present, nproc against "
                       "CPUs/GPUs, selected GPUs present and free, torch present in each host's interpreter. "
                       f"`ddpctl doctor {plan.job.source or ''}` runs them.".replace(" .", "."),
@@ -297,9 +299,9 @@ def print_failure(result: RunResult) -> None:
             err_console.print(f"  then, as a consequence: rank {rank if rank is not None else '?'} on {root.host}: "
                               f"{root.error.summary}", markup=False)
         return
-    hang = next((f for f in result.findings if f.get("kind") in ("hang", "no progress")), None)
+    hang = next((f for f in result.findings if f.kind in ("hang", "no progress")), None)
     if result.hung and hang is not None:  # stopped by us for it (--on-hang stop): the ranks are victims
-        err_console.print(Text(f"\nfirst failure: {hang['text']}", style="bold red"))
+        err_console.print(Text(f"\nfirst failure: {hang.text}", style="bold red"))
         return
     root = result.root_cause
     if root is not None:

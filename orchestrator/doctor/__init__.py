@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from inventory import Host
+from orchestrator.checks import catalog
 from orchestrator.checks.gather import (
     checkpoint_listings,
     checkpoint_markers,
@@ -23,24 +24,20 @@ from orchestrator.checks.model import (
     ProbeResults,
     Report,
 )
-from orchestrator.checks.registry import CHECKS, run_checks
+from orchestrator.checks.registry import run_checks
+from orchestrator.checks.spec import Runs
 from orchestrator.hostops.ledger import record_doctor
 from orchestrator.remote.pool import HostPool
 from orchestrator.remote.wire import HostFacts
 
-__all__ = ["CheckStatus", "DoctorContext", "Finding", "HostFacts", "Report", "remember", "run_doctor"]
+__all__ = ["CheckStatus", "DoctorContext", "Finding", "HostFacts", "Report", "columns", "remember", "run_doctor"]
 
 TOO_FEW = "fewer than two reachable hosts"
 
 
-def shown(check: str, ctx: DoctorContext) -> bool:
-    """Whether the table has a column for `check`: a check only some jobs have (it says it
-    skipped, once) has none for the others."""
-    if check == "checkpoint":
-        return ctx.checkpoint_dir is not None
-    if check == "restarts":
-        return ctx.max_restarts > 0
-    return True
+def columns(ctx: DoctorContext) -> list[str]:
+    """The table's columns for this job: each check of the facts whose spec shows it for the job."""
+    return [spec.name for spec in catalog.specs(Runs.NODE) if spec.shown(ctx)]
 
 
 def run_doctor(ctx: DoctorContext, pool: HostPool,
@@ -66,8 +63,7 @@ def run_doctor(ctx: DoctorContext, pool: HostPool,
     if addressing.picked:
         notice(f"master_addr {addressing.master_addr}: {addressing.picked}")
     obs = Observations(ctx=ctx, facts=facts, failed=fan.failed, probes=probes)
-    checks = [name for name, _ in CHECKS if shown(name, ctx)]
-    return Report(hosts=[h.name for h in ctx.hosts], checks=checks,
+    return Report(hosts=[h.name for h in ctx.hosts], checks=columns(ctx),
                   findings=run_checks(obs), unreachable=set(fan.failed),
                   elapsed_s=time.monotonic() - started, phases=phases, facts=facts)
 
@@ -75,7 +71,5 @@ def run_doctor(ctx: DoctorContext, pool: HostPool,
 def remember(report: Report, hosts: Sequence[Host]) -> list[str]:
     """Record the run in the host ledger (orchestrator/hostops/ledger.py): each host seen, each
     finding; a finding of a deep check marks its host suspect. The ledger's warnings; never raises."""
-    from orchestrator.doctor.deep import CHECKS as DEEP
-
     run_id = f"doctor-{time.strftime('%Y%m%d-%H%M%S')}"
-    return record_doctor(hosts, report.facts, report.findings, run_id, deep_checks=DEEP)
+    return record_doctor(hosts, report.facts, report.findings, run_id, deep_checks=catalog.names(Runs.DEEP))

@@ -19,11 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from inventory import Job
-from orchestrator.checks.compute import CHECK as COMPUTE
+from orchestrator.checks import catalog
 from orchestrator.checks.compute import DeviceRate, Late, compute_findings, slow_devices
-from orchestrator.checks.links import CHECK as LINKS
 from orchestrator.checks.links import LinkRate, LinkRounds, link_findings
 from orchestrator.checks.model import CheckStatus, Finding
+from orchestrator.checks.spec import Runs
 from orchestrator.doctor.collective import failure_evidence, launch_error
 from orchestrator.doctor.collective_jobs import result_line, run_collective
 from orchestrator.doctor.gpu_health import gpu_health_round
@@ -40,8 +40,6 @@ from train_jobs.hostcheck.coordinate import Missed
 from train_jobs.hostcheck.verdict import Figure
 
 RESULT = "DDPCTL-DEEP "
-CHECKS = ("gpu_health", COMPUTE, LINKS)
-JOB_CHECKS = (COMPUTE, LINKS)  # the two the host-check job answers
 LINKS_BUDGET_S = 20.0  # seconds of tournament rounds before the covering schedule takes over
 EXCHANGE_BYTES = 2 << 20  # each way, per timed exchange
 DEADLINE_S = 120.0  # the job is stopped after this long without a line of output
@@ -55,6 +53,17 @@ class DeepReport:
 
     figures: dict[str, Any] | None = None
     findings: list[Finding] = field(default_factory=list)
+
+
+def job_checks() -> tuple[str, ...]:
+    """The deep checks the host-check job answers (Runs.JOB in their specs)."""
+    return catalog.names(Runs.DEEP | Runs.JOB)
+
+
+def checks() -> tuple[str, ...]:
+    """--deep's columns: the checks read from the hosts meanwhile (gpu_health), whose findings come
+    first, then the host-check job's."""
+    return tuple(s.name for s in catalog.specs(Runs.DEEP) if Runs.JOB not in s.runs) + job_checks()
 
 
 def program(links_budget: float, nbytes: int) -> InlineProgram:
@@ -131,7 +140,7 @@ def host_check(job: Job, backend: Backend, runs_dir: Path, links_budget: float, 
         run = run_collective(job, backend, "ddpctl-deep", program(links_budget, nbytes), runs_dir, DEADLINE_S,
                              monitors=monitors)
     except (HostError, HostsFailed, LaunchBlocked) as exc:
-        out.findings += [launch_error(check, exc) for check in JOB_CHECKS]
+        out.findings += [launch_error(check, exc) for check in job_checks()]
         return out
     out.figures = result_line(run, RESULT)
     if out.figures is None:
@@ -139,7 +148,7 @@ def host_check(job: Job, backend: Backend, runs_dir: Path, links_budget: float, 
                                  else None, "the host check printed no result",
                                  evidence=failure_evidence(run) + f"\nlogs: {run.result.run_dir}",
                                  fix="run ddpctl doctor --smoke: a collective across the hosts must work first")
-                         for check in JOB_CHECKS]
+                         for check in job_checks()]
         return out
     by_rank = sorted(run.plan.hosts, key=lambda h: h.node_rank)
     names = [h.host.name for h in by_rank]

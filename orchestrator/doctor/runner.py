@@ -98,9 +98,9 @@ def run_launch_checks(report: Report, job: Job, pool: HostPool, notice: Callable
 
     wanted = [c for c, on in (("smoke", launch_path.smoke), ("bandwidth", launch_path.bandwidth)) if on]
     if launch_path.deep:
-        from orchestrator.doctor.deep import CHECKS
+        from orchestrator.doctor.deep import checks
 
-        wanted += CHECKS
+        wanted += checks()
     report.checks += wanted
     if report.count(CheckStatus.FAIL):
         report.findings += [Finding(c, CheckStatus.SKIP, None, "not run: other checks failed",

@@ -10,7 +10,7 @@ from inventory import Job
 from orchestrator.checks.base import skip
 from orchestrator.checks.model import CheckStatus, Report
 from orchestrator.checks.slurm_controller import Controller, controller_checks, controller_host, unreachable_finding
-from orchestrator.checks.slurm_nodes import ALLOC, CHECK_ORDER, NODE_CHECKS, NodeRun, node_phase, read_controller
+from orchestrator.checks.slurm_nodes import ALLOC, NodeRun, check_order, node_checks, node_phase, read_controller
 from orchestrator.errors import HostError
 from orchestrator.remote.pool import HostPool
 from orchestrator.remote.slurm_client import slurm_client
@@ -32,12 +32,12 @@ def run_slurm_doctor(job: Job, pool: HostPool, timeout_s: float = 120.0, use_cac
     asked, run = time.monotonic(), NodeRun(where)
     if ctrl is None or any(f.status == CheckStatus.FAIL for f in findings):
         findings += [skip(c, where, "not run: the job cannot start (see the errors above)")
-                     for c in (ALLOC, *NODE_CHECKS)]
+                     for c in (ALLOC, *node_checks())]
     else:
         run, more = node_phase(client, job, ctrl, timeout_s, use_cache, notice)
         findings += more
     # The controller's row shows only its own findings: Report scopes cluster-wide (host None)
     # findings away from the hosts in `unreachable`.
-    return Report(hosts=[where, *run.nodes], checks=list(CHECK_ORDER), findings=findings,
+    return Report(hosts=[where, *run.nodes], checks=list(check_order()), findings=findings,
                   unreachable={where, *run.failed}, elapsed_s=time.monotonic() - started,
                   phases={"controller_s": asked - started, "nodes_s": time.monotonic() - asked})

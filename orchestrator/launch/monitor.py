@@ -5,11 +5,10 @@ no monitor; callers pass a MonitorFactory (orchestrator/watch/monitors.py builds
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from orchestrator.checks.model import ProbeResults
 from orchestrator.hostops.stacks import StacksReport
@@ -18,7 +17,7 @@ from orchestrator.launch.faults import Link
 from orchestrator.launch.options import LaunchOptions
 from orchestrator.launch.plan import LaunchPlan
 from orchestrator.launch.progress import Status
-from orchestrator.launch.result import HostRun, RunResult
+from orchestrator.launch.result import Finding, HostRun, RunResult
 
 
 class JobView(Protocol):
@@ -66,40 +65,6 @@ class Say:
     """A notice for the user (the observer's on_notice)."""
 
     text: str
-
-
-@dataclass
-class Span:
-    """When a finding that can end (a straggler) began and ended, in time.time(). The monitor that
-    made the finding ends it; whoever keeps the finding reads the end when it writes its file."""
-
-    start: float
-    end: float | None = None  # None: not over (yet)
-
-    def to_json(self, now: float | None = None) -> dict[str, Any]:
-        """start, end and duration_s: to the end, or to `now` (else the present) while not over."""
-        until = self.end if self.end is not None else now if now is not None else time.time()
-        return {"start": self.start, "end": self.end, "duration_s": round(max(0.0, until - self.start), 3)}
-
-
-@dataclass(frozen=True)
-class Finding:
-    """Something wrong with a running job, kept for summary.json and the report: a straggler, a
-    hang or stall, a lost host, an idle GPU, creeping memory. Kept, not said (a Say says it).
-    A finding with a span can end (a straggler back to pace)."""
-
-    kind: str  # "straggler", "hang", "no progress", "host lost", "gpu idle", "memory creeping"
-    text: str
-    at: float  # time.time()
-    rank: int | None = None
-    host: str | None = None
-    step: int | None = None  # the job's optimizer step when it was said
-    span: Span | None = field(default=None, compare=False)
-
-    def to_json(self, started: float | None, now: float | None = None) -> dict[str, Any]:
-        out = {"kind": self.kind, "text": self.text, "at": self.at, "rank": self.rank, "host": self.host,
-               "step": self.step, "t": round(self.at - started, 3) if started is not None else None}
-        return {**out, **self.span.to_json(now)} if self.span is not None else out
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,6 @@ from orchestrator.launch.monitor import (
     Action,
     DumpStacks,
     Fail,
-    Finding,
     JobView,
     Monitor,
     MonitorEvent,
@@ -25,7 +24,7 @@ from orchestrator.launch.monitor import (
 )
 from orchestrator.launch.observer import Observer
 from orchestrator.launch.record import Record
-from orchestrator.launch.result import RunResult
+from orchestrator.launch.result import Finding, RunResult
 
 
 @dataclass(frozen=True)

@@ -29,10 +29,10 @@ from orchestrator.checks.gather import (
 from orchestrator.checks.master_port import Holder, port_verdict
 from orchestrator.checks.model import CheckStatus, Finding, Observations, ProbeResults
 from orchestrator.checks.registry import run_checks
+from orchestrator.checks.spec import Runs
 from orchestrator.errors import HostError, HostErrorKind, HostsFailed, LaunchBlocked
 from orchestrator.hostops.prune import (
     HERE,
-    decode_report,
     launch_request,
     prune_here,
     running_on,
@@ -55,9 +55,6 @@ CHECK_FACTS = ("script", "torch_lookup")
 # nvidia-smi's GPUs and their processes, read only when a host selects GPUs (`gpus = [0, 2]`): the
 # gpu check then judges the selection (indices that exist, GPUs another process uses).
 SELECTION_FACTS = ("gpus",)
-# Doctor's checks that predict a launch that fails or hangs at the rendezvous (gpu: a selection).
-# python: an interpreter without torch, which every rank would fail on.
-LAUNCH_CHECKS = ("python", "gpu", "workdir", "nproc", "firewall", "dns", "ifname")
 FACTS_TIMEOUT_S = 60.0
 
 
@@ -125,7 +122,7 @@ def gather(job: Job, pool: HostPool, checks: bool = True, hold: bool = False,
         probes = run_probe(ctx, fan.succeeded) if probe else ProbeResults()
         probed = time.monotonic()
         ctx, facts, addressing = settle_addressing(ctx, {name: o.facts for name, o in fan.succeeded.items()})
-        findings = run_checks(Observations(ctx, facts, {}, probes), LAUNCH_CHECKS) if checks else []
+        findings = run_checks(Observations(ctx, facts, {}, probes), Runs.LAUNCH) if checks else []
         pre = Preflight(facts, findings, {"facts_s": gathered - started, "probe_s": probed - gathered,
                                           "checks_s": time.monotonic() - probed}, sessions if hold else {},
                         addressing if len(job.hosts) > 1 else None, settle_interfaces(ctx, facts, addressing))
@@ -153,11 +150,10 @@ def report_pruned(job: Job, facts: Mapping[str, HostFacts], ask: PruneAsk) -> No
     for name, hf in facts.items():
         if hf.errors.get("prune"):
             ask.notice(f"warning: old runs on {name} were not pruned: {hf.errors['prune']}")
-            continue
-        try:
-            reports[name] = decode_report(name, hf.facts.get("prune"))
-        except HostError as exc:
-            ask.notice(f"warning: old runs on {name} were not pruned: {exc.message}")
+        elif hf.facts.prune is None:
+            ask.notice(f"warning: old runs on {name} were not pruned: the node agent sent no prune report")
+        else:
+            reports[name] = hf.facts.prune
     here = prune_here(ask.runs_dir, max(job.inventory.keep_runs - 1, 0), running_on(reports))
     for name, report in [*reports.items(), (HERE, here)]:
         line = summary(name, report)
@@ -247,13 +243,13 @@ def settle_master_port(job: Job, pool: HostPool, facts: dict[str, HostFacts], fr
     master = job.master_host
     mf = facts[master.name]
     if job.rendezvous.master_port == "auto":
-        if mf.free_port is None:
+        if mf.facts.free_port is None:
             raise HostError(master.name, HostErrorKind.AGENT, "the node agent picked no free port",
                             "set an explicit master_port in [rendezvous]")
-        notice(f"master port auto: {mf.free_port} is free on {master.name}")
-        return mf.free_port
+        notice(f"master port auto: {mf.facts.free_port} is free on {master.name}")
+        return mf.facts.free_port
     port = int(job.rendezvous.master_port)
-    verdict = port_verdict(master.name, port, mf.master_port)
+    verdict = port_verdict(master.name, port, mf.facts.master_port)
     if verdict.holder == Holder.FREE:
         return port
     if verdict.holder != Holder.STALE and not (verdict.holder == Holder.FOREIGN and free_foreign):

@@ -7,9 +7,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from orchestrator.launch.monitor import Finding
 from orchestrator.launch.outcome import FinalState
-from orchestrator.launch.result import HostLoss, HostRun, RankFailure
+from orchestrator.launch.result import Finding, HostLoss, HostRun, RankFailure
 from orchestrator.remote.wire import RankError
 
 

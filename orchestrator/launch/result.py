@@ -97,7 +97,43 @@ class HostLoss:
 
 
 @dataclass
+class Span:
+    """When a finding that can end (a straggler) began and ended, in time.time(). The monitor that
+    made the finding ends it; whoever keeps the finding reads the end when it writes its file."""
+
+    start: float
+    end: float | None = None  # None: not over (yet)
+
+    def to_json(self, now: float | None = None) -> dict[str, Any]:
+        """start, end and duration_s: to the end, or to `now` (else the present) while not over."""
+        until = self.end if self.end is not None else now if now is not None else time.time()
+        return {"start": self.start, "end": self.end, "duration_s": round(max(0.0, until - self.start), 3)}
+
+
+@dataclass(frozen=True)
+class Finding:
+    """Something wrong with a running job, kept for summary.json and the report: a straggler, a
+    hang or stall, a lost host, an idle GPU, creeping memory. Kept, not said (a Say says it).
+    A finding with a span can end (a straggler back to pace)."""
+
+    kind: str  # "straggler", "hang", "no progress", "host lost", "gpu idle", "memory creeping"
+    text: str
+    at: float  # time.time()
+    rank: int | None = None
+    host: str | None = None
+    step: int | None = None  # the job's optimizer step when it was said
+    span: Span | None = field(default=None, compare=False)
+
+    def to_json(self, started: float | None, now: float | None = None) -> dict[str, Any]:
+        out = {"kind": self.kind, "text": self.text, "at": self.at, "rank": self.rank, "host": self.host,
+               "step": self.step, "t": round(self.at - started, 3) if started is not None else None}
+        return {**out, **self.span.to_json(now)} if self.span is not None else out
+
+
+@dataclass(kw_only=True)
 class RunResult:
+    """One attempt's outcome (built by the supervision core, read by restarts and the CLI)."""
+
     job_id: str
     run_dir: Path
     hosts: list[HostRun]
@@ -113,7 +149,8 @@ class RunResult:
     ended_by: str | None = None  # the scheduler ended the job for its own reason (Slurm's words)
     steps: int | None = None  # the most optimizer steps any rank took (the rank wrapper's count)
     checkpointed: bool = False  # a newer file appeared in [restart] checkpoint_dir on some host
-    findings: list[dict[str, Any]] = field(default_factory=list)  # orchestrator/watch/: stragglers, hangs, ...
+    findings: list[Finding] = field(default_factory=list)  # orchestrator/watch/: stragglers, hangs, ...
+    started: float | None = None  # time.time() at the launch: the findings' `t` counts from it
     stopped_by: str | None = None  # someone else stopped it: `ddpctl down` (who, when), a signal to torchrun
 
     @property
@@ -126,6 +163,9 @@ class RunResult:
             return None
         before = [self.nprocs.get(r.host) for r in self.hosts if r.node_rank < run.node_rank]
         return None if None in before else sum(n or 0 for n in before) + local_rank
+
+    def findings_json(self) -> list[dict[str, Any]]:
+        return [f.to_json(self.started) for f in self.findings]
 
     def rank_of(self, failure: RankFailure) -> int | None:
         """The failed rank's global rank: as it recorded it, else from its node and local rank."""
@@ -150,7 +190,7 @@ def write_summary(plan: LaunchPlan, result: RunResult) -> Path:
         "stopped_by": result.stopped_by,
         "steps": result.steps,
         "checkpointed": result.checkpointed,
-        "findings": result.findings,
+        "findings": result.findings_json(),
         "hosts": [dict(asdict(r), state=r.state.value, duration_s=r.duration_s,
                        env=mask_env(plan.hosts[r.node_rank].env), tail=r.tail[-10:])
                   for r in result.hosts],

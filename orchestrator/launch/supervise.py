@@ -366,11 +366,14 @@ class Supervision:
         """The outcome of the final state, summary.json, then each monitor's finish."""
         state = self.record.final(list(self.hosts.runs.values()))
         end = outcome(state)
-        result = RunResult(self.plan.job_id, self.run_dir, list(state.runs), end.exit_code, end.first_failure,
-                           state.signal is not None, {hl.host.name: hl.nproc for hl in self.plan.hosts},
-                           state.hung, end.root_cause, state.cause, end.loss, state.signal, state.ended_by,
-                           self.record.most_steps, self.record.checkpointed,
-                           [f.to_json(self.started) for f in self.record.findings], state.stopped_by)
+        result = RunResult(job_id=self.plan.job_id, run_dir=self.run_dir, hosts=list(state.runs),
+                           exit_code=end.exit_code, first_failure=end.first_failure,
+                           interrupted=state.signal is not None,
+                           nprocs={hl.host.name: hl.nproc for hl in self.plan.hosts}, hung=state.hung,
+                           root_cause=end.root_cause, cause=state.cause, loss=end.loss, signal=state.signal,
+                           ended_by=state.ended_by, steps=self.record.most_steps,
+                           checkpointed=self.record.checkpointed, findings=list(self.record.findings),
+                           started=self.started, stopped_by=state.stopped_by)
         write_summary(self.plan, result)
         self.monitors.finish(result)
         return result

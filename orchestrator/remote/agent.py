@@ -9,6 +9,8 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import threading
+import time
 import zlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -18,57 +20,99 @@ from typing import Any
 import node_agent
 from node_agent.protocol import EVENT_PREFIX, RESULT_PREFIX, parse_line
 from orchestrator.errors import HostError, HostErrorKind
-from orchestrator.remote.transport import CommandResult, OutputLine, RunningCommand, Transport, split_text
+from orchestrator.remote.transport import (
+    Chunk,
+    CommandResult,
+    OutputLine,
+    RunningCommand,
+    Transport,
+    split_text,
+    timed_out,
+)
 
-# Runs on the host under `python -c`. It is a constant, never built from user data: it reads a
-# line "<length> <key>" and the zlib'd JSON of node_agent's sources from stdin, imports them from
-# memory, then hands the rest of stdin (request line, control channel) to node_agent.__main__.
-# Compiling them costs each call ~5-7 ms of CPU on the host (doctor: on every host at once), so
-# the code objects are cached where the torch facts are (each module's marshalled apart, loaded
-# only when imported), in one file per key (sources and this text) and interpreter build, written
-# 0600 by the user, read only when the user owns it and no one else may write it (the trust Python
-# gives __pycache__); where it cannot be written, each module compiles when imported. A plain
-# finder/loader: importlib.abc and importlib.util would cost every call ~7 ms of imports.
+# Runs on the host under `python -c`. It is a constant, never built from user data. It reads a line
+# "<length> <key>", that many bytes of node_agent's sources (zlib'd JSON: none when the call sends
+# only the key) and the request line. The key names the sources and this text. A host runs the
+# code objects it cached for that key (one file per key and interpreter build under the user's
+# cache directory, written 0600 and atomically, read only when the user owns it and no one else may
+# write it, the trust Python gives __pycache__, and when its hash matches its content). A call that
+# sent only the key hears first whether the host has it (an `agent` event); if not, the sources
+# follow on stdin, in the same round trip. Where the cache cannot be written, each module compiles
+# when imported and each call sends the sources. The state goes to node_agent (doctor shows it).
+# A plain finder/loader: importlib.abc and importlib.util would cost every call ~7 ms of imports.
 BOOTSTRAP = """\
-import sys, os, json, zlib, marshal, importlib.machinery as m
+import sys, os, marshal, importlib.machinery as m
 b = sys.stdin.buffer
 size, key = b.readline().split()
 blob = b.read(int(size))
+request = b.readline()
+tag = sys.implementation.cache_tag
+base = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "ddpctl")
+path = os.path.join(base, "agent-%s-%s-%x.bin" % (key.decode(), tag, sys.hexversion))
+try:
+    from _blake2 import blake2b
+except ImportError:
+    from hashlib import blake2b
+def digest(data):
+    return blake2b(data, digest_size=16).hexdigest().encode()
+codes, state = None, "absent"
+try:
+    with open(path, "rb") as f:
+        st = os.fstat(f.fileno())
+        head, body = f.readline().split(), f.read()
+    if not tag or st.st_uid != os.getuid() or st.st_mode & 0o022:
+        state = "not trusted: others may write it"
+    elif head != [b"ddpctl-agent", key, digest(body)]:
+        state = "damaged: its content does not match its hash"
+    else:
+        blob, codes = marshal.loads(body)
+        state = "cached"
+        import time
+        if st.st_mtime < time.time() - 86400:  # in use: kept when older keys are pruned
+            os.utime(path)
+except FileNotFoundError:
+    pass
+except Exception as e:
+    state = "unreadable: %s" % e
+if not int(size):
+    import json
+    sys.stdout.write("@@DDPCTL-EVENT@@ %s\\n" % json.dumps({"event": "agent", "cached": bool(codes), "state": state}))
+    sys.stdout.flush()
+    if not codes:
+        blob = b.read(int(b.readline()))
 srcs = {}
 def sources():
     if not srcs:
+        import json, zlib
         srcs.update(json.loads(zlib.decompress(blob).decode()))
     return srcs
-tag = sys.implementation.cache_tag
-base = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "ddpctl")
-build = "-%s-%x.bin" % (tag, sys.hexversion)
-mine = "agent-" + key.decode() + build
-codes = None
-try:
-    st = os.stat(os.path.join(base, mine))
-    if tag and st.st_uid == os.getuid() and not st.st_mode & 0o022:
-        with open(os.path.join(base, mine), "rb") as f:
-            codes = marshal.load(f)
-        if not all(type(v) is tuple and len(v) == 2 and type(v[1]) is bytes for v in codes.values()):
-            codes = None
-except Exception:
-    codes = None
 def compiled(n):
-    return compile(sources()[n][1], "ddpctl-agent/" + n.replace(".", "/") + ".py", "exec")
-if not isinstance(codes, dict):
+    return marshal.dumps(compile(sources()[n][1], "ddpctl-agent/" + n.replace(".", "/") + ".py", "exec"))
+if not codes:
     codes = {}
-    if tag and not sys.flags.dont_write_bytecode:
+    try:
+        if not tag or sys.flags.dont_write_bytecode:
+            raise OSError(0, "this interpreter writes no bytecode")
+        os.makedirs(base, mode=0o700, exist_ok=True)
+        tmp = "%s.%d" % (path, os.getpid())
         try:
-            os.makedirs(base, mode=0o700, exist_ok=True)
-            tmp = os.path.join(base, "%s.%d" % (mine, os.getpid()))
             with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as f:
-                marshal.dump({n: (p, marshal.dumps(compiled(n))) for n, (p, s) in sources().items()}, f)
-            os.replace(tmp, os.path.join(base, mine))
-            for old in os.listdir(base):
-                if old.startswith("agent-") and old.endswith(build) and old != mine:
-                    os.remove(os.path.join(base, old))
-        except OSError:
-            pass
+                body = marshal.dumps((blob, {n: (p, compiled(n)) for n, (p, s) in sources().items()}))
+                f.write(b"ddpctl-agent %s %s\\n" % (key, digest(body)) + body)
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+        codes = marshal.loads(body)[1]
+        state = "written"
+        now = os.stat(path).st_mtime
+        for old in os.listdir(base):
+            if old.startswith("agent-") and os.stat(os.path.join(base, old)).st_mtime < now - 14 * 86400:
+                os.remove(os.path.join(base, old))
+    except OSError as e:
+        state = "not written: %s" % (e.strerror or e)
+    if not int(size):
+        sys.stdout.write("@@DDPCTL-EVENT@@ %s\\n" % json.dumps({"event": "agent", "state": state}))
 names = codes or sources()
 class F:
     def find_spec(self, name, path=None, target=None):
@@ -81,10 +125,10 @@ class F:
     def exec_module(self, mod):
         if names[mod.__name__][0]:
             mod.__path__ = []
-        exec(marshal.loads(codes[mod.__name__][1]) if codes else compiled(mod.__name__), mod.__dict__)
+        exec(marshal.loads(codes[mod.__name__][1] if codes else compiled(mod.__name__)), mod.__dict__)
 sys.meta_path.insert(0, F())
 import node_agent.__main__ as a
-sys.exit(a.main())
+sys.exit(a.main(request, state))
 """
 
 # Picks the inventory's interpreter when it exists, else python3, so a host whose configured
@@ -95,25 +139,44 @@ LAUNCHER = 'P="$1"; command -v "$P" >/dev/null 2>&1 || P=python3; exec "$P" -S -
 
 
 @functools.cache
-def agent_payload() -> bytes:
-    """The compressed sources of the node_agent package, after a line of their length and key."""
+def agent_code() -> tuple[str, bytes]:
+    """node_agent's key and its sources, compressed (zlib'd JSON of each module's (is a package,
+    source)). The key names the sources and the BOOTSTRAP that caches them on a host."""
     root = Path(node_agent.__file__).parent
     sources: dict[str, tuple[bool, str]] = {}
     for path in sorted(root.glob("*.py")):
         name = "node_agent" if path.stem == "__init__" else f"node_agent.{path.stem}"
         sources[name] = (path.stem == "__init__", path.read_text())
     blob = zlib.compress(json.dumps(sources).encode(), 6)
-    # Names the host's compiled copy: the sources and the BOOTSTRAP that writes and reads it.
-    key = hashlib.sha256(BOOTSTRAP.encode() + blob).hexdigest()[:20]
+    return hashlib.sha256(BOOTSTRAP.encode() + blob).hexdigest()[:32], blob
+
+
+def agent_payload() -> bytes:
+    """The agent whole: a line of its sources' length and key, then the sources. For a request
+    read from a file (a Slurm node's), where the host cannot ask for what it lacks."""
+    key, blob = agent_code()
     return f"{len(blob)} {key}\n".encode() + blob
+
+
+def request_bytes(op: str, args: Mapping[str, Any]) -> bytes:
+    """A request with the agent's sources in front of it (see agent_payload)."""
+    return agent_payload() + json.dumps({"op": op, **args}).encode() + b"\n"
+
+
+def keyed_request(op: str, args: Mapping[str, Any]) -> bytes:
+    """A request behind the agent's key alone: a host that has that agent cached runs it; one
+    that lacks it says so, and AgentStream sends the sources (code_bytes) on the same channel."""
+    return f"0 {agent_code()[0]}\n".encode() + json.dumps({"op": op, **args}).encode() + b"\n"
+
+
+def code_bytes() -> bytes:
+    """The sources, for a host that asked for them: a line of their length, then them."""
+    blob = agent_code()[1]
+    return f"{len(blob)}\n".encode() + blob
 
 
 def agent_argv(python: str) -> list[str]:
     return ["sh", "-c", LAUNCHER, "ddpctl-agent", python, BOOTSTRAP]
-
-
-def request_bytes(op: str, args: Mapping[str, Any]) -> bytes:
-    return agent_payload() + json.dumps({"op": op, **args}).encode() + b"\n"
 
 
 @dataclass(frozen=True)
@@ -241,22 +304,122 @@ def parse_reply(command: CommandResult) -> AgentReply:
 def call_agent(transport: Transport, op: str, args: Mapping[str, Any] | None = None,
                *, timeout: float | None = 60.0) -> AgentReply:
     """Run one op on the transport's host in one round trip and return its parsed reply."""
-    command = transport.run(agent_argv(transport.host.python), stdin=request_bytes(op, args or {}),
-                            timeout=timeout)
-    return parse_reply(command)
+    started = time.monotonic()
+    stream = start_agent(transport, op, args or {})
+    stream.close_stdin()  # once the host has its code
+    out: list[str] = []
+    err: list[str] = []
+
+    def collect() -> None:
+        for line in stream.lines():
+            (out if line.stream == "stdout" else err).append(line.text)
+
+    reader = threading.Thread(target=collect, daemon=True)
+    reader.start()
+    code = stream.wait(timeout)
+    if code is None and timeout is not None and time.monotonic() - started >= timeout:
+        stream.abort()
+        raise timed_out(transport.host.name, stream.argv, timeout)
+    reader.join(5)
+    return parse_reply(CommandResult(transport.host.name, stream.argv, -1 if code is None else code,
+                                     "".join(f"{line}\n" for line in out), "".join(f"{line}\n" for line in err),
+                                     time.monotonic() - started))
+
+
+HELLO = "agent"  # the bootstrap's event on a call that sent only the agent's key
+CLOSE = None  # in AgentStream.held: close stdin there
 
 
 @dataclass
 class AgentStream:
     """A long op (supervise, facts with a probe, logs -f): its decoded messages as they arrive,
-    and its stdin kept open as the control channel."""
+    and its stdin kept open as the control channel.
+
+    On a call that sent only the agent's key (`greet`), a thread of its own reads the host's first
+    lines: its HELLO (whether it has that agent: if not, the sources go now) and, where they went,
+    a second (what its cache did with them). Until the first, what the caller sends (or a close of
+    stdin) is held, so the sources come first; the caller never has to read for that to happen."""
 
     host: str
     running: RunningCommand
+    argv: tuple[str, ...] = ()
     other: list[str] = field(default_factory=list)  # the last non-protocol lines, for error messages
+    held: list[bytes | None] | None = None  # sends (CLOSE: close_stdin) waiting for the HELLO
+    shipped: bool = False  # this call sent the agent's sources
+    cache: str = ""  # the host's agent cache, as it greeted: "cached", or why not ("absent", ...)
+    stored: str = ""  # ... and, where the call sent the sources, what it did with them ("written")
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    early: list[Chunk] = field(default_factory=list)  # read with the HELLOs, not yet the caller's
+    greeter: threading.Thread | None = None
+    source: Iterator[Chunk] | None = None
+
+    def greet(self) -> None:
+        self.held = []
+        self.greeter = threading.Thread(target=self._greet, daemon=True)
+        self.greeter.start()
+
+    def _greet(self) -> None:
+        source, hellos = self._source(), 1
+        try:
+            for name, text in source:
+                if name == "stdout":
+                    kept = []
+                    for line in split_text(text):
+                        if hellos and line.startswith(PROTOCOL_MARK):
+                            message = decode(OutputLine(name, line))
+                            hellos -= 1
+                            if isinstance(message, AgentEvent) and message.name == HELLO:
+                                hellos += self._hello(message)
+                                continue
+                            hellos = 0  # the op's own line: no (more) HELLO comes
+                        kept.append(line)
+                    text = "".join(f"{line}\n" for line in kept)
+                if text:
+                    self.early.append((name, text))
+                if not hellos:
+                    return
+        finally:
+            with self.lock:
+                self.held = None  # ended before its HELLO: nothing to send to
+
+    def _hello(self, message: AgentEvent) -> int:
+        """Act on a HELLO; how many more come."""
+        if self.held is None:  # the second: what the host did with the sources
+            self.stored = str(message.get("state") or "")
+            return 0
+        self.cache = str(message.get("state") or "")
+        with self.lock:
+            if not message.get("cached"):
+                self.running.send(code_bytes())
+                self.shipped = True
+            held, self.held = self.held, None
+            for data in held:
+                if data is CLOSE:
+                    self.running.close_stdin()
+                else:
+                    self.running.send(data)
+        return 1 if self.shipped else 0
+
+    def _source(self) -> Iterator[Chunk]:
+        if self.source is None:
+            self.source = self.running.chunks()
+        return self.source
+
+    def chunks(self) -> Iterator[Chunk]:
+        """The command's output, chunk by chunk as it comes, less the HELLOs."""
+        if self.greeter is not None:
+            self.greeter.join()
+        while self.early:
+            yield self.early.pop(0)
+        yield from self._source()
+
+    def lines(self) -> Iterator[OutputLine]:
+        for name, text in self.chunks():
+            for line in split_text(text):
+                yield OutputLine(name, line)
 
     def messages(self) -> Iterator[Message]:
-        for line in self.running.lines():
+        for line in self.lines():
             message = decode(line)
             if isinstance(message, OutputLine):
                 self.other = [*self.other[-19:], message.text]
@@ -264,16 +427,24 @@ class AgentStream:
 
     def batches(self) -> Iterator[list[Batched]]:
         """The messages chunk by chunk, as they arrive (program output on stdout as bare text)."""
-        for name, text in self.running.chunks():
+        for name, text in self.chunks():
             batch = decode_chunk(name, text)
             if name != "stdout":
                 self.other = [*self.other, *(m.text for m in batch if isinstance(m, OutputLine))][-20:]
             yield batch
 
     def send(self, data: bytes) -> None:
+        with self.lock:
+            if self.held is not None:
+                self.held.append(data)
+                return
         self.running.send(data)
 
     def close_stdin(self) -> None:
+        with self.lock:
+            if self.held is not None:
+                self.held.append(CLOSE)
+                return
         self.running.close_stdin()
 
     def wait(self, timeout: float | None = None) -> int | None:
@@ -284,6 +455,9 @@ class AgentStream:
 
 
 def start_agent(transport: Transport, op: str, args: Mapping[str, Any]) -> AgentStream:
-    """Start a long op; stdin stays open as its control channel."""
-    running = transport.start(agent_argv(transport.host.python), stdin=request_bytes(op, args))
-    return AgentStream(transport.host.name, running)
+    """Start a long op; stdin stays open as its control channel. It sends the agent's key, not its
+    sources: the host asks for them if it lacks them."""
+    argv = agent_argv(transport.host.python)
+    stream = AgentStream(transport.host.name, transport.start(argv, stdin=keyed_request(op, args)), tuple(argv))
+    stream.greet()
+    return stream

@@ -2,8 +2,9 @@
 
 `decode` reads any reply dataclass from its JSON by the class's own annotations (nested dataclasses,
 Optional and Union, tuples, lists, dicts, enums): no key is copied by hand here. A reply that does
-not fit its class is the host's HostError. Around it, the views only the control plane has: a
-host's facts (doctor reads its sub-facts by name), a log event's lines, the supervise result.
+not fit its class is the host's HostError; the facts op's answer is read sub-fact by sub-fact
+(`parse_facts`: one that does not fit is that sub-fact's error). Around them, the views only the
+control plane has: a host's facts with its timing, a log event's lines, the supervise result.
 Nothing above the remote layer indexes an agent reply by string keys.
 """
 
@@ -20,6 +21,30 @@ from dataclasses import dataclass
 from typing import Any, TypeVar, Union
 
 from node_agent.replies import one_line
+from node_agent.replies_facts import (
+    CheckpointSeen,
+    Facts,
+    FactsReply,
+    FirewallFact,
+    InterfaceAddress,
+    InterfaceFact,
+    IptablesFact,
+    MasterRoute,
+    MemlockFact,
+    NetFacts,
+    NftFact,
+    NvidiaSmiFact,
+    PythonFact,
+    ResolutionFact,
+    ResolvedAddress,
+    ScriptFact,
+    SmiApp,
+    SmiGpu,
+    TableRoute,
+    TorchFact,
+    UfwFact,
+    WorkdirFact,
+)
 from node_agent.replies_gpu import GpuHealth, GpuHealthReport, XidEvent
 from node_agent.replies_jobs import LogEvent, LogsFound, RunningJob, RunningJobs, StoppedJob, StoppedJobs
 from node_agent.replies_ports import (
@@ -46,12 +71,14 @@ from node_agent.replies_top import GpuStat, HostSample, HostTop, RankSteps, TopN
 from orchestrator.errors import HostError, HostErrorKind
 
 __all__ = [
-    "RANK_ENDS", "CheckpointFact", "DetachedStart", "GpuHealth", "GpuHealthReport", "GpuStat", "HostFacts",
-    "HostSample", "HostTop", "KilledProcess", "LogLine", "LogsFound", "MasterPortFact", "ModuleLookupFact",
-    "NcclChoice",
-    "PortOwner", "PortReport", "RankError", "RankPhase", "RankSteps", "RefusedProcess", "RunningJob",
-    "StepWindow", "StoppedJob", "SuperviseResult", "TopNode", "UnseenSocket", "XidEvent", "decode",
-    "one_line", "selected_gpus",
+    "RANK_ENDS", "CheckpointFact", "CheckpointSeen", "DetachedStart", "Facts", "FirewallFact", "GpuHealth",
+    "GpuHealthReport", "GpuStat", "HostFacts", "HostSample", "HostTop", "InterfaceAddress", "InterfaceFact",
+    "IptablesFact", "KilledProcess", "LogLine", "LogsFound", "MasterPortFact", "MasterRoute", "MemlockFact",
+    "ModuleLookupFact", "NcclChoice", "NetFacts", "NftFact", "NvidiaSmiFact", "PortOwner", "PortReport",
+    "PythonFact", "RankError", "RankPhase", "RankSteps", "RefusedProcess", "ResolutionFact", "ResolvedAddress",
+    "RunningJob", "ScriptFact", "SmiApp", "SmiGpu", "StepWindow", "StoppedJob", "SuperviseResult", "TableRoute",
+    "TopNode", "TorchFact", "UfwFact", "UnseenSocket", "WorkdirFact", "XidEvent", "decode", "one_line",
+    "parse_facts", "parse_net", "parse_settled", "selected_gpus",
 ]
 
 T = TypeVar("T")
@@ -207,74 +234,90 @@ def parse_gpu_health(host: str, r: Mapping[str, Any]) -> GpuHealthReport:
 
 @dataclass(frozen=True)
 class HostFacts:
-    """The facts op's answer for one host, with the round trip's timing.
-
-    Doctor's checks read sub-facts by name (`get`); the launch reads the typed properties."""
+    """The facts op's answer for one host (parse_facts), with the round trip's timing: its typed
+    sub-facts (`hf.facts.resolution.routes`; None where it sent none), the error of each one that
+    failed (by the sub-fact's name, as `select` names them), and what the launch reads off them."""
 
     host: str
-    facts: Mapping[str, Any]
-    errors: Mapping[str, str]
+    facts: Facts
+    errors: Mapping[str, str] = dataclasses.field(default_factory=dict)
     sent_at: float = 0.0  # orchestrator wall clock before the call
     received_at: float = 0.0  # ... and after it
+    sent: frozenset[str] = frozenset()  # the sub-facts it sent, a None value too (`gpus`: no nvidia-smi)
 
-    def get(self, name: str, default: Any = None) -> Any:
-        return self.facts.get(name, default)
+    def ran(self, name: str) -> bool:
+        """The host ran sub-fact `name` (its request selected it): it sent a value, or its error."""
+        return name in self.sent or name in self.errors
 
     @property
     def hostname(self) -> str:
-        return str(self.facts.get("hostname") or self.host)
+        return self.facts.hostname or self.host
+
+    @property
+    def resolution(self) -> ResolutionFact:
+        """master_addr as this host resolved it, and its routes there (none where it sent none)."""
+        return self.facts.resolution or ResolutionFact()
 
     @property
     def route_source(self) -> str | None:
         """The source address of this host's route to the master (not loopback, not the master's
         own local route): the address its peers reach it at."""
-        routes = (self.facts.get("resolution") or {}).get("routes") or {}
-        for route in routes.values():
-            src = route.get("src") if isinstance(route, Mapping) else None
-            if src and not str(src).startswith("127.") and route.get("type") != "local":
-                return str(src)
+        for route in self.resolution.routes.values():
+            if route.src and not route.src.startswith("127.") and route.type != "local":
+                return route.src
         return None
 
     @property
     def cpu_count(self) -> int:
-        return int(self.facts.get("cpu_count") or 1)
+        return self.facts.cpu_count or 1
 
     @property
     def gpu_count(self) -> int:
-        return int(self.facts.get("gpu_count") or 0)
+        return self.facts.gpu_count or 0
 
     @property
     def python_found(self) -> bool:
-        return bool((self.facts.get("python") or {}).get("found"))
+        return self.facts.python is not None and bool(self.facts.python.found)
 
     @property
     def workdir_exists(self) -> bool:
-        return bool((self.facts.get("workdir") or {}).get("exists"))
+        return self.facts.workdir is not None and self.facts.workdir.exists
 
-    @property
-    def free_port(self) -> int | None:
-        port = self.facts.get("free_port")
-        return None if port is None else int(port)
 
-    def _sub(self, cls: type[T], name: str) -> T | None:
-        found = self.facts.get(name)
-        return decode(cls, found, self.host, f"{name} fact") if isinstance(found, Mapping) else None
+def _each_field(cls: type[T], data: Mapping[str, Any], what: str) -> tuple[T, dict[str, str]]:
+    """`cls` read field by field: a field `data` lacks takes its default, and so does one that does
+    not fit its type, whose problem is returned under the field's name."""
+    hints: dict[str, Any] = _hints(cls)  # type: ignore[arg-type]
+    values: dict[str, Any] = {}
+    problems: dict[str, str] = {}
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        if f.name in data:
+            try:
+                values[f.name] = _value(hints[f.name], data[f.name], f.name)
+            except Malformed as exc:
+                problems[f.name] = f"the node agent sent a malformed {f.name} {what}: {exc} (a ddpctl bug)"
+    return cls(**values), problems
 
-    @property
-    def master_port(self) -> MasterPortFact | None:
-        return self._sub(MasterPortFact, "master_port")
 
-    @property
-    def checkpoint(self) -> CheckpointFact | None:
-        """[restart] checkpoint_dir here, with what the host saw of its peers' markers once its
-        session ended (the control plane merges that in: doctor/gather.py)."""
-        return self._sub(CheckpointFact, "checkpoint")
+def parse_facts(host: str, reply: Mapping[str, Any], sent_at: float = 0.0, received_at: float = 0.0) -> HostFacts:
+    """The facts op's answer (its `facts` event or its result). Each sub-fact is decoded on its own:
+    one that does not fit its declaration (node_agent/replies_facts.py Facts) is None, with the
+    problem as its error; the other sub-facts stand."""
+    got = decode(FactsReply, reply, host, "facts reply")
+    sent = got.facts or {}
+    facts, malformed = _each_field(Facts, sent, "fact")
+    return HostFacts(host, facts, {**malformed, **(got.errors or {})}, sent_at, received_at, frozenset(sent))
 
-    @property
-    def ddpctl_lookup(self) -> ModuleLookupFact | None:
-        """Whether the inventory's interpreter here finds ddpctl's CLI (doctor asks the job's first
-        host, where `up --detach` runs a job's restarts)."""
-        return self._sub(ModuleLookupFact, "ddpctl_lookup")
+
+def parse_settled(host: str, result: Mapping[str, Any]) -> CheckpointSeen | None:
+    """What a host saw of its peers' checkpoint markers, from the result that ends doctor's session
+    (None: it looked for none)."""
+    return decode(FactsReply, result, host, "facts result").checkpoint
+
+
+def parse_net(host: str, net: Any) -> NetFacts:
+    """A host's interfaces and routes as its probe's `listening` event carries them (none: empty)."""
+    return decode(NetFacts, net, host, "listening event") if net is not None else NetFacts()
 
 
 # -- logs --------------------------------------------------------------------------------------

@@ -8,21 +8,20 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
-from typing import Any
 
 from inventory import Host, Job
 from orchestrator.errors import LaunchBlocked
 from orchestrator.hostops import hostbook
 from orchestrator.hostops.ledger import Ledger, Note, Sighting
 from orchestrator.hostops.quarantine import EventKind
-from orchestrator.launch.result import RunResult
+from orchestrator.launch.result import Finding, RunResult
 from orchestrator.restarts.places import NoHosts, Places, fill, rendezvous_without
 
 Say = Callable[[str], None]
 
 
 def fault_notes(hosts: Mapping[str, Host], lost: Mapping[str, str], faults: Mapping[str, str],
-                findings: Sequence[Mapping[str, Any]]) -> list[Note]:
+                findings: Sequence[Finding]) -> list[Note]:
     """Each host lost (`lost`: host -> why), each other host fault of the classification (`faults`),
     and each straggler finding that names a host, as ledger notes."""
     notes = [Note(hosts[name], EventKind.LOST, why) for name, why in lost.items() if name in hosts]
@@ -32,11 +31,9 @@ def fault_notes(hosts: Mapping[str, Host], lost: Mapping[str, str], faults: Mapp
             kind = EventKind.HARDWARE if why.startswith("hardware error") else EventKind.HOST_FAULT
             notes.append(Note(hosts[name], kind, why))
     for f in findings:
-        host = hosts.get(str(f.get("host") or ""))
-        if f.get("kind") == "straggler" and host is not None:
-            at = f.get("at")
-            notes.append(Note(host, EventKind.STRAGGLER, str(f.get("text", "")),
-                              float(at) if isinstance(at, int | float) else None))
+        host = hosts.get(f.host or "")
+        if f.kind == "straggler" and host is not None:
+            notes.append(Note(host, EventKind.STRAGGLER, f.text, f.at))
     return notes
 
 

@@ -409,7 +409,7 @@ class Restarts:
             record = AttemptRecord(number, attempt.job_id, [h.name for h in job.hosts], attempt.run_dir, started,
                                    time.time(), result.exit_code, steps=result.steps,
                                    checkpointed=result.checkpointed, master=job.master_host.name,
-                                   root_cause=_root_cause(result), findings=list(result.findings))
+                                   root_cause=_root_cause(result), findings=result.findings_json())
             self.run.attempts.append(record)
             self.run.result = result
             if result.ok:

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from inventory.model import WatchSpec
-from orchestrator.launch.monitor import Finding, Span
 from orchestrator.launch.progress import Status, duration
+from orchestrator.launch.result import Finding, Span
 from orchestrator.remote.wire import HostSample, RankPhase, StepWindow
 from orchestrator.watch.straggler import BackToPace, RankWindow, Slowed, StragglerWatch
 

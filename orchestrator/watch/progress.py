@@ -16,7 +16,6 @@ from orchestrator.launch.monitor import (
     Action,
     DumpStacks,
     Fail,
-    Finding,
     HostLost,
     JobView,
     MonitorEvent,
@@ -28,6 +27,7 @@ from orchestrator.launch.monitor import (
     Stop,
 )
 from orchestrator.launch.options import OnHang
+from orchestrator.launch.result import Finding
 from orchestrator.watch.hang import STOP_HUNG
 from orchestrator.watch.monitor import Watch
 

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from inventory import Host
+from orchestrator.checks.addressing import HostNet
 from orchestrator.checks.model import DoctorContext, Observations, ProbeResults
 from orchestrator.errors import HostError
-from orchestrator.remote.wire import HostFacts
+from orchestrator.remote.wire import HostFacts, parse_facts, parse_net
 
 HOSTS = tuple(Host(name=f"node{i}", address=f"198.18.0.{10 + i}") for i in range(3))
 NOW = 1_800_000_000.0
@@ -56,7 +57,14 @@ def clean_facts(i: int) -> dict[str, Any]:
 
 def host_facts(name: str, facts: Mapping[str, Any], errors: Mapping[str, str] | None = None,
                sent_at: float = NOW - 1.1, received_at: float = NOW + 0.1) -> HostFacts:
-    return HostFacts(name, facts, dict(errors or {}), sent_at, received_at)
+    return parse_facts(name, {"facts": dict(facts), "errors": dict(errors or {})}, sent_at, received_at)
+
+
+def host_net(interfaces: Sequence[Mapping[str, Any]], routes: Sequence[Mapping[str, Any]] = (),
+             source: str | None = None, master_ip: str | None = None) -> HostNet:
+    """A host's network from its tables as the agent sends them."""
+    net = parse_net("", {"interfaces": list(interfaces), "routes": list(routes)})
+    return HostNet(net.interfaces, net.routes, source, master_ip)
 
 
 def context(**over: Any) -> DoctorContext:

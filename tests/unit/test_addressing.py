@@ -7,7 +7,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from doctor_fixtures import HOSTS, clean_facts, context, host_facts, observe
+from doctor_fixtures import HOSTS, clean_facts, context, host_facts, host_net, observe
 
 from inventory import Host
 from orchestrator.checks import firewall, ifname, names
@@ -34,7 +34,7 @@ def node(i: int, dev: str = "eth0", docker: bool = False) -> HostNet:
     ifaces = [LO, iface(dev, addr)] + ([iface("docker0", "172.17.0.1", 16)] if docker else [])
     routes = [route("default", dev, gateway="198.18.0.1"), route("198.18.0.0/24", dev, addr)]
     routes += [route("172.17.0.0/16", "docker0", "172.17.0.1")] if docker else []
-    return HostNet(ifaces, routes)
+    return host_net(ifaces, routes)
 
 
 def test_a_route_is_the_longest_prefix_and_an_own_address_is_local() -> None:
@@ -54,7 +54,7 @@ def test_the_master_is_its_address_toward_the_others_never_a_decoy_every_host_ho
 def test_this_machine_as_master_is_its_address_on_the_bridge_not_its_own_nic() -> None:
     """localhost + a server: this machine has its real NIC (eth0, the default route) and the
     bridge the server hangs off; the server reaches it on the bridge."""
-    here = HostNet([LO, iface("eth0", "192.0.2.2"), iface("br-x1", "198.18.0.1")],
+    here = host_net([LO, iface("eth0", "192.0.2.2"), iface("br-x1", "198.18.0.1")],
                    [route("default", "eth0", gateway="192.0.2.1"), route("192.0.2.0/24", "eth0", "192.0.2.2"),
                     route("198.18.0.0/24", "br-x1", "198.18.0.1")])
     picked = plan_addressing(["localhost", "node1"], "localhost", "127.0.0.1", False,
@@ -149,8 +149,8 @@ def test_settled_addressing_names_the_picked_master_in_every_host_facts() -> Non
     settled, out, addressing = settle_addressing(ctx, facts)
     assert settled.master_addr == "198.18.0.10" and settled.master_picked
     assert addressing.dial == {"node0": "198.18.0.10", "node1": "198.18.0.11", "node2": "198.18.0.12"}
-    assert out["node1"].get("resolution")["routes"]["198.18.0.10"]["dev"] == "eth0"
-    assert out["node0"].get("resolution")["routes"]["198.18.0.10"]["type"] == "local"
+    assert out["node1"].resolution.routes["198.18.0.10"].dev == "eth0"
+    assert out["node0"].resolution.routes["198.18.0.10"].type == "local"
     assert all(f.status != CheckStatus.FAIL for f in names.check(observe(master_addr="198.18.0.10")))
 
 
@@ -189,5 +189,5 @@ def test_the_kernel_table_is_read_from_proc_without_starting_ip() -> None:
     routes = parse_proc_net_route(text)
     assert routes == [route("default", "eth0", gateway="198.18.0.1") | {"metric": 100},
                       route("198.18.0.0/24", "eth0")]
-    net = HostNet([LO, iface("eth0", "198.18.0.11")], routes)
+    net = host_net([LO, iface("eth0", "198.18.0.11")], routes)
     assert net.route("198.18.0.10") == Route("eth0", "198.18.0.11")  # src: the device's address

@@ -2,16 +2,32 @@
 
 from __future__ import annotations
 
+import json
+import os
+import shlex
+import shutil
 import sys
+import zlib
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import node_agent
 from inventory import LOCALHOST
 from orchestrator.errors import HostError
-from orchestrator.remote.agent import agent_payload, call_agent, parse_reply
+from orchestrator.remote.agent import (
+    AgentResult,
+    AgentStream,
+    agent_code,
+    agent_payload,
+    call_agent,
+    keyed_request,
+    parse_reply,
+    start_agent,
+)
 from orchestrator.remote.transport import CommandResult, LocalTransport
 
 
@@ -32,7 +48,7 @@ def test_payload_carries_every_agent_module() -> None:
 
     header, blob = agent_payload().split(b"\n", 1)
     size, key = header.split()
-    assert int(size) == len(blob) and len(key) == 20
+    assert int(size) == len(blob) and len(key) == 32
     sources = json.loads(zlib.decompress(blob))
     modules = {p.stem for p in Path(node_agent.__file__).parent.glob("*.py")}
     assert {name.rsplit(".", 1)[-1] for name in sources} - {"node_agent"} == modules - {"__init__"}
@@ -110,41 +126,140 @@ def test_a_workers_facts_op_imports_only_what_its_sub_facts_need() -> None:
     assert agent & heavy == set()
 
 
-def test_the_agent_compiles_once_and_trusts_only_a_cache_its_user_alone_can_write(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import json
-    import marshal
-    import stat
-    import zlib
+def _call(t: LocalTransport, op: str = "ping") -> tuple[Mapping[str, Any], AgentStream]:
+    """One op through a held stream (what call_agent does), to see what the host's cache did."""
+    stream = start_agent(t, op, {})
+    stream.close_stdin()
+    result = next(m for m in stream.messages() if isinstance(m, AgentResult))
+    assert stream.wait(30) == 0
+    return result.data, stream
 
+
+@pytest.fixture
+def cached_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> LocalTransport:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.delenv("PYTHONDONTWRITEBYTECODE", raising=False)
-    t = LocalTransport(replace(LOCALHOST, python=sys.executable))
-    assert call_agent(t, "ping").result["protocol"] == 1
-    [cache] = (tmp_path / "ddpctl").glob("agent-*.bin")
-    assert stat.S_IMODE(cache.stat().st_mode) == 0o600
+    return LocalTransport(replace(LOCALHOST, python=sys.executable))
 
-    # The next call runs the cached code objects, not its own compile: a changed copy shows.
-    source = json.loads(zlib.decompress(agent_payload().split(b"\n", 1)[1]))["node_agent.__main__"][1]
-    assert '"protocol": PROTOCOL_VERSION' in source
-    codes = marshal.loads(cache.read_bytes())
+
+def _rewrite(cache: Path, body: bytes, *, digest: bytes | None = None) -> None:
+    """The cache file with another body, under the hash the bootstrap checks (or `digest`)."""
+    from hashlib import blake2b
+
+    head = cache.read_bytes().split(b"\n", 1)[0].split()
+    digest = digest or blake2b(body, digest_size=16).hexdigest().encode()
+    cache.write_bytes(b" ".join([head[0], head[1], digest]) + b"\n" + body)
+
+
+def test_a_host_gets_the_agent_once_then_runs_it_from_its_cache_by_key(cached_host: LocalTransport,
+                                                                      tmp_path: Path) -> None:
+    """The first call sends the key, hears the host lacks it and sends the sources on the same
+    channel; the host writes its compiled copy 0600 under the key. The next call sends the key and
+    the request alone (no sources), and the host runs what it cached: a changed copy shows."""
+    import marshal
+    import stat
+
+    result, first = _call(cached_host)
+    assert result["protocol"] == 1 and first.shipped and (first.cache, first.stored) == ("absent", "written")
+    [cache] = (tmp_path / "ddpctl").glob("agent-*.bin")
+    assert cache.name.startswith(f"agent-{agent_code()[0]}-") and stat.S_IMODE(cache.stat().st_mode) == 0o600
+    result, second = _call(cached_host)
+    assert result["protocol"] == 1 and not second.shipped and second.cache == "cached"
+    assert len(keyed_request("ping", {})) < 100 < len(agent_code()[1]) // 100
+
+    blob, codes = marshal.loads(cache.read_bytes().split(b"\n", 1)[1])
+    source = codes_source = json.loads(zlib.decompress(blob))["node_agent.__main__"][1]
+    assert '"protocol": PROTOCOL_VERSION' in codes_source
     codes["node_agent.__main__"] = (False, marshal.dumps(compile(
         source.replace('"protocol": PROTOCOL_VERSION', '"protocol": 99'), "m", "exec")))
-    cache.write_bytes(marshal.dumps(codes))
-    assert call_agent(t, "ping").result["protocol"] == 99
+    _rewrite(cache, marshal.dumps((blob, codes)))
+    assert _call(cached_host)[0]["protocol"] == 99
 
-    # Writable by its group: not trusted; the agent compiles and writes a fresh 0600 copy.
-    cache.chmod(0o620)
-    assert call_agent(t, "ping").result["protocol"] == 1
-    assert stat.S_IMODE(cache.stat().st_mode) == 0o600
-    assert call_agent(t, "ping").result["protocol"] == 1
 
-    # Another layout (code objects, not their bytes) and garbage are ignored; a copy for other
-    # sources (an older ddpctl) goes when this one is written.
-    cache.write_bytes(marshal.dumps({"node_agent.__main__": (False, compile("x = 1", "m", "exec"))}))
-    assert call_agent(t, "ping").result["protocol"] == 1
-    stale = cache.with_name("agent-" + "0" * 20 + cache.name[len("agent-") + 20:])
-    stale.write_bytes(cache.read_bytes())
-    cache.write_bytes(b"not marshal data")
-    assert call_agent(t, "ping").result["protocol"] == 1
-    assert sorted(p.name for p in (tmp_path / "ddpctl").iterdir()) == [cache.name]
+@pytest.mark.parametrize(("spoil", "state"), [
+    ("edited", "damaged: its content does not match its hash"),
+    ("group-writable", "not trusted: others may write it"),
+    ("garbage under its own hash", "unreadable: "),
+])
+def test_a_cache_file_that_is_damaged_or_others_may_write_is_replaced(
+        cached_host: LocalTransport, tmp_path: Path, spoil: str, state: str) -> None:
+    """Checked against its hash and its mode before it runs: the host says so, the call sends the
+    sources, and a good 0600 copy replaces it."""
+    import stat
+
+    _call(cached_host)
+    [cache] = (tmp_path / "ddpctl").glob("agent-*.bin")
+    good = cache.read_bytes()
+    if spoil == "edited":
+        cache.write_bytes(good.replace(b"PROTOCOL_VERSION", b"PROTOCOL_VERSIOM", 1))
+        assert cache.read_bytes() != good
+    elif spoil == "group-writable":
+        cache.chmod(0o620)
+    else:
+        _rewrite(cache, b"not marshal data")
+    result, stream = _call(cached_host)
+    assert result["protocol"] == 1 and stream.shipped and stream.cache.startswith(state)
+    assert stream.stored == "written"
+    assert cache.read_bytes() == good and stat.S_IMODE(cache.stat().st_mode) == 0o600
+    assert not _call(cached_host)[1].shipped
+
+
+def test_two_versions_side_by_side_keep_their_caches_and_an_old_unused_one_goes(
+        cached_host: LocalTransport, tmp_path: Path) -> None:
+    """Two ddpctl versions calling one host each keep their copy (neither thrashes the other); a
+    copy unused for 14 days goes when a new one is written."""
+    import os
+    import time
+
+    folder = tmp_path / "ddpctl"
+    folder.mkdir(mode=0o700)
+    other = folder / "agent-0123456789abcdef0123456789abcdef-cpython-311-30b07f0.bin"
+    stale = folder / "agent-fedcba9876543210fedcba9876543210-cpython-311-30b07f0.bin"
+    for path in (other, stale):
+        path.write_bytes(b"another version's copy")
+    month_ago = time.time() - 30 * 86400
+    os.utime(stale, (month_ago, month_ago))
+    assert _call(cached_host)[1].shipped
+    mine = [p for p in folder.iterdir() if p not in (other, stale)]
+    assert sorted(p.name for p in folder.iterdir()) == sorted([other.name, *(p.name for p in mine)])
+    assert len(mine) == 1 and not _call(cached_host)[1].shipped
+
+
+CANNOT_WRITE = [
+    ("read-only", "mount -t tmpfs -o ro,size=1m tmpfs \"$C\"", "not written: Read-only file system"),
+    ("full", "mount -t tmpfs -o size=64k tmpfs \"$C\" && mkdir -m 700 \"$C/ddpctl\" && "
+             "head -c 60k /dev/zero > \"$C/fill\"", "not written: No space left on device"),
+]
+
+
+@pytest.mark.skipif(shutil.which("unshare") is None or os.getuid() != 0, reason="needs root and unshare")
+@pytest.mark.parametrize(("disk", "mount", "state"), CANNOT_WRITE)
+def test_a_cache_on_a_read_only_or_full_disk_says_so_and_the_call_still_works(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, disk: str, mount: str, state: str) -> None:
+    """A host whose cache cannot be written (a real read-only or full filesystem, mounted in a
+    mount namespace of the host's own) runs the sources it was sent, every call, and says why."""
+    monkeypatch.delenv("PYTHONDONTWRITEBYTECODE", raising=False)
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    python = tmp_path / "python"
+    python.write_text("#!/bin/sh\n"
+                      f"export C={shlex.quote(str(cache))} XDG_CACHE_HOME={shlex.quote(str(cache))}\n"
+                      f'exec unshare -m sh -c \'{mount} && exec "$0" "$@"\' {shlex.quote(sys.executable)} "$@"\n')
+    python.chmod(0o755)
+    t = LocalTransport(replace(LOCALHOST, python=str(python)))
+    for _ in range(2):
+        result, stream = _call(t)
+        assert result["protocol"] == 1 and stream.shipped and (stream.cache, stream.stored) == ("absent", state)
+    assert list(cache.iterdir()) == []  # the mounts were the host's own
+
+
+@pytest.mark.skipif(PY38 is None, reason="no python3.8 on this machine")
+def test_an_older_python_keeps_a_cache_of_its_own_beside_a_newer_ones(cached_host: LocalTransport,
+                                                                      tmp_path: Path) -> None:
+    assert _call(cached_host)[1].shipped
+    old = LocalTransport(replace(LOCALHOST, python=str(PY38)))
+    result, stream = _call(old)
+    assert result["python"].startswith("3.8") and stream.shipped and stream.cache == "absent"
+    assert not _call(old)[1].shipped and not _call(cached_host)[1].shipped
+    names = sorted(p.name for p in (tmp_path / "ddpctl").glob("agent-*.bin"))
+    assert len(names) == 2 and any("cpython-38-" in n for n in names)

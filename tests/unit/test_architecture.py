@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import ast
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -60,25 +60,52 @@ def test_the_agent_wire_is_decoded_only_in_the_remote_layer() -> None:
     assert users == ["orchestrator/remote/agent.py"]
 
 
+def keyed(tree: ast.AST, receiver: Callable[[ast.expr], bool] = lambda _: True) -> list[int]:
+    """Lines that read a key by hand from what `receiver` accepts: `x["key"]`, `x.get("key")`,
+    `"key" in x`."""
+    def text(node: ast.expr) -> bool:
+        return isinstance(node, ast.Constant) and isinstance(node.value, str)
+
+    return sorted({n.lineno for n in ast.walk(tree)
+                   if (isinstance(n, ast.Subscript) and text(n.slice) and receiver(n.value))
+                   or (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "get"
+                       and bool(n.args) and text(n.args[0]) and receiver(n.func.value))
+                   or (isinstance(n, ast.Compare) and text(n.left) and isinstance(n.ops[0], ast.In | ast.NotIn)
+                       and receiver(n.comparators[0]))})
+
+
 def test_each_agent_reply_is_defined_once() -> None:
     """Practice 15: the control plane declares no class of its own named like a node_agent reply,
-    and the wire module reads no reply key by hand (`x["key"]`, `x.get("key")`): it decodes the
-    replies from node_agent/replies*.py by their annotations."""
+    and the wire module reads no reply key by hand (`x["key"]`, `x.get("key")`, `"key" in x`): it
+    decodes the replies from node_agent/replies*.py by their annotations, the facts too."""
     replies = {n.name for p in sorted((ROOT / "node_agent").glob("replies*.py"))
                for n in ast.walk(ast.parse(p.read_text())) if isinstance(n, ast.ClassDef)}
     mirrored = {f"{p.relative_to(ROOT)}:{n.name}" for p in sorted((ROOT / "orchestrator").rglob("*.py"))
                 for n in ast.walk(ast.parse(p.read_text())) if isinstance(n, ast.ClassDef) and n.name in replies}
     assert mirrored == set()
+    assert keyed(ast.parse((ROOT / "orchestrator/remote/wire.py").read_text())) == []
+
+
+def facts_reader(node: ast.expr) -> bool:
+    """What the control plane names a host's facts: `hf`, `facts`, or any `x.facts`."""
+    return (isinstance(node, ast.Name) and node.id in ("hf", "facts")) or \
+        (isinstance(node, ast.Attribute) and node.attr == "facts")
+
+
+def test_the_facts_are_read_by_attribute_never_by_key() -> None:
+    """The facts op's answer is typed (node_agent/replies_facts.py): HostFacts offers no lookup by
+    name, and nothing in the control plane reads a sub-fact by key (`hf.get("resolution")`,
+    `hf.facts["gpus"]`, `"gpus" in hf.facts`)."""
     wire = ast.parse((ROOT / "orchestrator/remote/wire.py").read_text())
-    keyed = sorted({n.lineno for n in ast.walk(wire)
-                    if (isinstance(n, ast.Subscript) and isinstance(n.slice, ast.Constant)
-                        and isinstance(n.slice.value, str))
-                    or (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "get"
-                    and n.args and isinstance(n.args[0], ast.Constant) and isinstance(n.args[0].value, str)
-                    and not any(isinstance(a, ast.FunctionDef) and a.name == "HostFacts" for a in ()))})
-    facts = next(n for n in wire.body if isinstance(n, ast.ClassDef) and n.name == "HostFacts")
-    allowed = set(range(facts.lineno, (facts.end_lineno or facts.lineno) + 1))  # doctor's sub-facts by name
-    assert [line for line in keyed if line not in allowed] == []
+    host_facts = next(n for n in wire.body if isinstance(n, ast.ClassDef) and n.name == "HostFacts")
+    methods = {n.name for n in host_facts.body if isinstance(n, ast.FunctionDef)}
+    assert methods & {"get", "__getitem__", "__contains__", "__getattr__"} == set()
+    fields = {n.target.id: ast.unparse(n.annotation) for n in host_facts.body
+              if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
+    assert fields["facts"] == "Facts"
+    offenders = {f"{p.relative_to(ROOT)}:{line}" for p in sorted((ROOT / "orchestrator").rglob("*.py"))
+                 for line in keyed(ast.parse(p.read_text()), facts_reader)}
+    assert offenders == set()
 
 
 # -- the layers -------------------------------------------------------------------------------

@@ -18,9 +18,7 @@ import typer.main
 
 from inventory import hostfile, jobfile, loading, restart, slurm_table, sync, watch
 from orchestrator import cli
-from orchestrator.checks import explain
-from orchestrator.checks import slurm_nodes as slurm_doctor
-from orchestrator.checks.registry import CHECKS
+from orchestrator.checks import catalog, explain
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -287,18 +285,28 @@ def test_the_cluster_page_documents_exactly_the_inventory_keys() -> None:
 
 # -- troubleshooting: every doctor check and every finding of up -------------------------------------
 
-def test_every_check_doctor_can_report_has_an_entry() -> None:
-    reported = ({name for name, _ in CHECKS} | {"smoke", "bandwidth", "gpu_health", "compute", "links"}
-                | set(slurm_doctor.CHECK_ORDER))
-    assert set(explain.CHECK_ORDER) == reported
-    folder = Path(explain.__file__).parent
-    assert {p.stem for p in folder.glob("*.md")} == reported
-    for check in explain.CHECK_ORDER:
-        text = explain.entry(check)
-        assert text.startswith(f"# `{check}`"), f"{check}.md starts with its title"
-        assert re.search(r"^## [✗⚠i] `", text, flags=re.MULTILINE), f"{check}.md has its findings"
-        assert not re.search(r"^#{3,} ", text, flags=re.MULTILINE), f"{check}.md: only # and ## headings"
-        assert explain.resolve(check) == check and explain.resolve(explain.SHORT.get(check, check)) == check
+def test_every_declared_check_has_its_explain_page_and_troubleshooting_entry() -> None:
+    """A check is declared once, by its spec (orchestrator/checks/catalog.py finds them all): each
+    needs its explain/<check>.md and its entry in docs/troubleshooting.md, and no page is of no check."""
+    checks = catalog.names()
+    pages = {p.stem for p in Path(explain.__file__).parent.glob("*.md")}
+    assert [c for c in checks if c not in pages] == [], "declared checks without their explain/<check>.md"
+    assert sorted(pages - set(checks)) == [], "explain/*.md of no declared check"
+    entries = anchors(DOCS / "troubleshooting.md")
+    assert [c for c in checks if explain.anchor(c) not in entries] == [], (
+        "declared checks without their entry in docs/troubleshooting.md: "
+        "run python -m orchestrator.checks.explain --write-docs")
+    for spec in catalog.specs():
+        text = explain.entry(spec.name)
+        assert text.startswith(f"# `{spec.name}`"), f"{spec.name}.md starts with its title"
+        assert re.search(r"^## [✗⚠i] `", text, flags=re.MULTILINE), f"{spec.name}.md has its findings"
+        assert not re.search(r"^#{3,} ", text, flags=re.MULTILINE), f"{spec.name}.md: only # and ## headings"
+        assert explain.resolve(spec.name) == spec.name and explain.resolve(spec.header.upper()) == spec.name
+
+
+def test_every_check_doctor_reports_is_declared() -> None:
+    reported = {check for _, check, _ in finding_messages()}
+    assert sorted(reported - set(catalog.names())) == [], "findings of a check with no spec"
 
 
 def test_the_troubleshooting_page_carries_the_entries_verbatim() -> None:
@@ -306,7 +314,6 @@ def test_the_troubleshooting_page_carries_the_entries_verbatim() -> None:
     assert explain.with_region(page) == page, (
         "docs/troubleshooting.md's doctor findings differ from orchestrator/checks/explain/*.md: "
         "run python -m orchestrator.checks.explain --write-docs")
-    assert {explain.anchor(c) for c in explain.CHECK_ORDER} <= anchors(DOCS / "troubleshooting.md")
 
 
 def _constants(tree: ast.Module) -> dict[str, str]:
@@ -359,7 +366,7 @@ def test_each_entry_names_every_message_its_check_prints() -> None:
     found = list(finding_messages())
     assert len(found) > 60  # the scan sees the checks' findings
     missing = [f"{where} [{check}] {piece!r}" for where, check, piece in found
-               if check in explain.CHECK_ORDER and piece not in explain.entry(check)]
+               if check in catalog.names() and piece not in explain.entry(check)]
     assert not missing, "messages doctor prints that its explain/<check>.md does not name:\n" + "\n".join(missing)
     from orchestrator.checks.ssh import WHAT
 

@@ -7,7 +7,7 @@ import queue
 import time
 from typing import Any
 
-from doctor_fixtures import HOSTS, clean_facts, context
+from doctor_fixtures import HOSTS, clean_facts, context, host_net
 
 from orchestrator.checks.addressing import HostNet
 from orchestrator.checks.gather import (
@@ -24,7 +24,7 @@ from orchestrator.remote.agent import AgentEvent
 
 def net(i: int, source: str | None = None) -> HostNet:
     f = clean_facts(i)
-    return HostNet(f["interfaces"], f["routes"], source)
+    return host_net(f["interfaces"], f["routes"], source)
 
 
 def test_peers_dial_the_source_address_the_host_reported_when_it_listened() -> None:

@@ -14,7 +14,7 @@ from node_agent import factparse
 from orchestrator.checks import agreement, node
 from orchestrator.checks.model import CheckStatus, Finding, Observations, ProbeResults
 from orchestrator.checks.registry import run_checks
-from orchestrator.launch.preflight import LAUNCH_CHECKS
+from orchestrator.checks.spec import Runs
 
 FAIL, WARN, OK = CheckStatus.FAIL, CheckStatus.WARN, CheckStatus.OK
 
@@ -161,6 +161,6 @@ def test_the_launch_checks_stop_on_a_missing_index_and_stay_quiet_without_nvidia
     facts = {h.name: host_facts(h.name, launch_facts(QUERY_GPU_4 if i == 0 else None))
              for i, h in enumerate(HOSTS)}
     obs = Observations(context(hosts=selecting({0: (0, 7)}), nproc_per_node=1), facts, {}, ProbeResults())
-    gpu = [f for f in run_checks(obs, LAUNCH_CHECKS) if f.check == "gpu"]
+    gpu = [f for f in run_checks(obs, Runs.LAUNCH) if f.check == "gpu"]
     assert [(f.host, f.status) for f in gpu] == [("node0", FAIL)]
     assert "selects GPU 7" in gpu[0].message

@@ -398,7 +398,7 @@ def test_run_slurm_doctor_skips_the_node_checks_when_the_job_cannot_start(
     assert report.exit_code() == 1 and report.hosts == ["slurm"]
     assert report.cell("slurm", "partition") == CheckStatus.FAIL
     assert fake.ran("sbatch") == []
-    assert {f.status for f in report.findings if f.check in ds.NODE_CHECKS} == {CheckStatus.SKIP}
+    assert {f.status for f in report.findings if f.check in ds.node_checks()} == {CheckStatus.SKIP}
 
 
 def test_run_slurm_doctor_runs_doctors_node_checks_on_the_replies(tmp_path: Path,

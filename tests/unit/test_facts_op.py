@@ -22,6 +22,7 @@ from orchestrator.checks.gather import close_all
 from orchestrator.remote.agent import AgentResult, call_agent, start_agent
 from orchestrator.remote.session import Session
 from orchestrator.remote.transport import LocalTransport
+from orchestrator.remote.wire import parse_facts
 from tests.unit.ports_listeners import listening
 
 
@@ -40,6 +41,23 @@ def test_missing_interpreter_is_recorded_and_other_facts_still_come(tmp_path: Pa
     assert result["facts"]["script"] == {"path": str(tmp_path / "train.py"), "exists": False}
     assert any(i["name"] == "lo" for i in result["facts"]["interfaces"])
     assert result["facts"]["resolution"]["master"][0]["address"] == "127.0.0.1"
+
+
+def test_every_sub_fact_this_host_sends_fits_its_declaration(tmp_path: Path) -> None:
+    """What the agent builds is what node_agent/replies_facts.py declares: each sub-fact this machine
+    answers decodes (none is malformed)."""
+    (tmp_path / "train.py").write_bytes(b"pass\n")
+    select = [n for n in facts.registry() if n not in ("torch", "prune")]  # importing torch takes seconds
+    result = facts.gather(request(tmp_path, select=select, pick_port=True, ddpctl_lookup=True,
+                                  checkpoint={"dir": "ck"}), sys.stdin.buffer)
+    hf = parse_facts("here", result)
+    assert [e for e in hf.errors.values() if "malformed" in e] == []
+    assert hf.facts.python is not None and hf.facts.python.found == sys.executable
+    assert hf.facts.workdir is not None and hf.facts.workdir.exists and hf.facts.script is not None
+    assert hf.facts.checkpoint is not None and hf.facts.checkpoint.writable
+    assert any(i.name == "lo" for i in hf.facts.interfaces or ()) and hf.facts.memlock is not None
+    assert hf.resolution.master[0].address == "127.0.0.1" and hf.facts.time is not None
+    assert hf.sent >= {"cpu_count", "gpu_count", "free_port", "env", "infiniband", "hostname_resolution"}
 
 
 def test_a_crashing_sub_fact_becomes_an_error_string(tmp_path: Path,

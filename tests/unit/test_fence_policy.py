@@ -103,7 +103,7 @@ def two_lost() -> RunResult:
     runs = [HostRun("a", 0, "torchrun", HostState.STOPPED, 1),
             HostRun("b", 1, "torchrun", HostState.LOST, ended_at=1_700_000_000.0, error="connection closed"),
             HostRun("c", 2, "torchrun", HostState.LOST, ended_at=1_700_000_000.04, error="connection closed")]
-    return RunResult("train-1.0", Path("runs/x"), runs, 1, runs[1],
+    return RunResult(job_id="train-1.0", run_dir=Path("runs/x"), hosts=runs, exit_code=1, first_failure=runs[1],
                      loss=HostLoss("b", "connection closed", 1_700_000_000.0))
 
 

@@ -22,7 +22,7 @@ from orchestrator.launch.preflight import (
     resolve_nprocs,
     static_nprocs,
 )
-from orchestrator.remote.wire import HostFacts
+from orchestrator.remote.wire import Facts, HostFacts
 
 runner = CliRunner()
 
@@ -146,7 +146,7 @@ def make_job(hosts: tuple[Host, ...] = (A, B), nproc: int | str = "gpu", env: di
 
 
 def facts(name: str, gpus: int, cpus: int = 32) -> HostFacts:
-    return HostFacts(name, {"cpu_count": cpus, "gpu_count": gpus}, {})
+    return HostFacts(name, Facts(cpu_count=cpus, gpu_count=gpus))
 
 
 def test_the_plan_sets_cuda_visible_devices_per_host_in_pci_order() -> None:

@@ -20,6 +20,7 @@ from node_agent import hoststats, runstate, supervisor, top
 from node_agent.factparse import parse_nvidia_gpu_stats, parse_proc_net_dev
 from node_agent.replies import wire
 from node_agent.replies_top import GpuStat
+from node_agent.requests import SuperviseRequest
 from orchestrator.remote.wire import parse_sample, parse_top
 
 H100 = "NVIDIA H100 80GB HBM3"
@@ -316,8 +317,8 @@ def test_the_supervisors_sample_events_decode_to_what_it_sampled(
             three.set()
 
     with fake_job(state_root, "hs-5") as job:
-        sup = supervisor.Supervisor({"job_id": "hs-5", "sample_every": 0.1,
-                                     "env": {"CUDA_VISIBLE_DEVICES": "1,3"}}, detached=False)
+        sup = supervisor.Supervisor(SuperviseRequest("hs-5", sample_every=0.1, env={"CUDA_VISIBLE_DEVICES": "1,3"}),
+                                    detached=False)
         sup.proc = job.launcher
         sup.uplink = type("Uplink", (), {"event": event})()
         watching = threading.Thread(target=sup.watch_host, daemon=True)

@@ -314,6 +314,7 @@ def test_the_root_cause_is_the_first_rank_error_in_time_not_the_first_host_to_ex
 
 def test_a_global_rank_counts_the_processes_of_the_nodes_before_even_when_they_differ(tmp_path: Path) -> None:
     runs = [HostRun("a", 0, "a"), HostRun("b", 1, "b"), HostRun("c", 2, "c")]
-    result = RunResult("t-1", tmp_path, runs, 1, None, nprocs={"a": 2, "b": 1, "c": 4})
+    result = RunResult(job_id="t-1", run_dir=tmp_path, hosts=runs, exit_code=1, first_failure=None,
+                       nprocs={"a": 2, "b": 1, "c": 4})
     assert [result.global_rank(r, 0) for r in runs] == [0, 2, 3]
     assert result.global_rank(runs[2], 3) == 6 and result.global_rank(runs[1], "x") is None

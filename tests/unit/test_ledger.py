@@ -28,7 +28,7 @@ from orchestrator.hostops.ledger import (
     record_doctor,
 )
 from orchestrator.hostops.quarantine import EventKind
-from orchestrator.remote.wire import HostFacts
+from orchestrator.remote.wire import Facts, HostFacts
 
 NODE0 = Host("node0", "198.18.0.10", user="alice", port=2222)
 NODE1 = Host("node1", "198.18.0.11")
@@ -185,7 +185,7 @@ def test_a_state_directory_that_cannot_be_made_is_a_warning(tmp_path: Path) -> N
 
 def test_doctor_records_hosts_seen_with_hostname_and_gpus_and_its_findings(tmp_path: Path) -> None:
     book = Ledger(tmp_path / "hosts.sqlite")
-    facts = {"node0": HostFacts("node0", {"hostname": "gpu-a", "gpu_count": 8}, {})}
+    facts = {"node0": HostFacts("node0", Facts(hostname="gpu-a", gpu_count=8))}
     findings = [Finding("gpu_health", CheckStatus.FAIL, "node0", "Xid 79 on GPU 3"),
                 Finding("clock", CheckStatus.WARN, "node1", "clock 2 s off"),
                 Finding("ssh", CheckStatus.OK, "node0", "fine"),

@@ -18,7 +18,7 @@ from orchestrator.cli import app
 from orchestrator.launch.labels import labels_for
 from orchestrator.launch.plan import Nproc, build_plan
 from orchestrator.launch.preflight import resolve_nprocs, static_nprocs
-from orchestrator.remote.wire import HostFacts
+from orchestrator.remote.wire import Facts, HostFacts
 
 HOSTFILE = "198.18.9.1 slots=2\n198.18.9.2 slots=3\n198.18.9.3\n"
 runner = CliRunner()
@@ -33,7 +33,7 @@ def job_dir(tmp_path: Path, job: str, hostfile: str = HOSTFILE) -> Path:
 
 
 def facts(name: str, gpus: int = 0, cpus: int = 8) -> HostFacts:
-    return HostFacts(name, {"cpu_count": cpus, "gpu_count": gpus}, {})
+    return HostFacts(name, Facts(cpu_count=cpus, gpu_count=gpus))
 
 
 def test_a_job_without_nproc_per_node_runs_each_hosts_slots_else_one(tmp_path: Path) -> None:

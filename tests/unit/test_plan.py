@@ -10,7 +10,7 @@ from inventory import ConfigError, Host, Inventory, Job, Rendezvous
 from orchestrator.launch.labels import RankLines, labels_for, split_rank
 from orchestrator.launch.plan import build_plan, mask_env
 from orchestrator.launch.preflight import resolve_nprocs
-from orchestrator.remote.wire import HostFacts
+from orchestrator.remote.wire import Facts, HostFacts, PythonFact, WorkdirFact
 
 A = Host(name="a", address="198.18.0.1", python="/opt/py/bin/python")
 B = Host(name="b", address="198.18.0.2", python="python3")
@@ -27,9 +27,9 @@ def make_job(hosts: tuple[Host, ...] = (A, B), backend: str = "static", module: 
 
 
 def facts(name: str, gpus: int = 0, cpus: int = 8) -> HostFacts:
-    return HostFacts(host=name, facts={"hostname": name, "cpu_count": cpus, "gpu_count": gpus,
-                                       "python": {"found": "/usr/bin/python3"}, "workdir": {"exists": True}},
-                     errors={})
+    return HostFacts(host=name, facts=Facts(hostname=name, cpu_count=cpus, gpu_count=gpus,
+                                            python=PythonFact(found="/usr/bin/python3"),
+                                            workdir=WorkdirFact(exists=True)))
 
 
 def test_static_argv_carries_node_rank_and_master() -> None:

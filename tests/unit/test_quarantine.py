@@ -153,7 +153,8 @@ def result(job: Job, job_id: str, killed: str | None = None) -> RunResult:
             run.tail = ["exitcode  : -9 (pid: 42)"]
         elif killed is not None:
             run.state, run.exit_code = RunState.STOPPED, None
-    return RunResult(job_id, Path("runs") / job_id, runs, 1 if killed else 0, first)
+    return RunResult(job_id=job_id, run_dir=Path("runs") / job_id, hosts=runs, exit_code=1 if killed else 0,
+                     first_failure=first)
 
 
 class FakeLaunch:

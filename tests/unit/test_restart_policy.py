@@ -66,7 +66,8 @@ def result(root: RankFailure | None = None, tails: dict[str, Sequence[str]] | No
     tails = tails or {}
     hosts = [run("a", 0, tails.get("a", ())), run("b", 1, tails.get("b", ()), HostState.FAILED, 1),
              run("c", 2, tails.get("c", ()))]
-    return RunResult("train-1.0", Path("runs/x"), hosts, 1, hosts[1], root_cause=root, steps=steps,
+    return RunResult(job_id="train-1.0", run_dir=Path("runs/x"), hosts=hosts, exit_code=1, first_failure=hosts[1],
+                     root_cause=root, steps=steps,
                      nprocs={"a": 2, "b": 2, "c": 2}, **fields)  # type: ignore[arg-type]
 
 

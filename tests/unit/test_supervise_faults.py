@@ -578,7 +578,8 @@ def lost_result(tmp_path: Path, root: RankFailure | None) -> RunResult:
     runs = [HostRun("a", 0, "torchrun a", HostState.STOPPED), HostRun("b", 1, "torchrun b", HostState.LOST)]
     loss = HostLoss("b", "no contact with b for 60s (since 12:00:00): host down or network cut",
                     time.mktime((2026, 1, 2, 12, 1, 0, 0, 0, -1)))
-    return RunResult("t-1", tmp_path, runs, 1, runs[1], nprocs={"a": 2, "b": 2}, root_cause=root, loss=loss)
+    return RunResult(job_id="t-1", run_dir=tmp_path, hosts=runs, exit_code=1, first_failure=runs[1],
+                     nprocs={"a": 2, "b": 2}, root_cause=root, loss=loss)
 
 
 @pytest.mark.parametrize("with_echo", [True, False], ids=["with-a-consequence", "alone"])

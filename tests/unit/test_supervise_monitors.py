@@ -132,9 +132,9 @@ def test_a_stall_is_looked_into_and_its_finding_kept_for_the_summary_and_the_rep
     result = core.launch(job, backend, out, options, monitors=standard_monitors)
     assert result.exit_code == 1 and result.hung and result.steps == 1
     assert any(n.startswith("no rank has taken an optimizer step for") for n in out.notices)
-    kinds = [f["kind"] for f in result.findings]
+    kinds = [f.kind for f in result.findings]
     assert kinds == ["no progress"]
-    assert json.loads((result.run_dir / "summary.json").read_text())["findings"] == result.findings
+    assert json.loads((result.run_dir / "summary.json").read_text())["findings"] == result.findings_json()
     assert [f["kind"] for f in json.loads((result.run_dir / "report.json").read_text())["findings"]] == kinds
     assert out.progress is not None and out.progress.step == 1
 

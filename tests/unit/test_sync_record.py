@@ -9,7 +9,8 @@ import errno
 import json
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +20,10 @@ from inventory import Host
 from inventory.specs import SyncSpec
 from node_agent import syncdest
 from node_agent.layout import SYNC_RECORD_DIR as RECORD_DIR
-from node_agent.protocol import RESULT_PREFIX
+from node_agent.protocol import EVENT_PREFIX, RESULT_PREFIX
 from node_agent.syncdest import manifest, unpack
 from orchestrator.errors import HostError
 from orchestrator.remote.pool import HostPool
-from orchestrator.remote.transport import CommandResult
 from orchestrator.sync.core import HostSync, sync_job
 from orchestrator.sync.diff import Changes, Conflict, Manifest, Owned, Why
 from orchestrator.sync.failures import cannot_write, explain, no_room
@@ -223,11 +223,30 @@ class Answering:
         self.result = result
         self.requests: list[dict[str, Any]] = []
 
-    def run(self, argv: Sequence[str], *, stdin: bytes | None = None, timeout: float | None = None) -> CommandResult:
+    def start(self, argv: Sequence[str], *, stdin: bytes | None = None) -> Answered:
         self.requests.append(json.loads((stdin or b"{}")[(stdin or b"").rfind(b'{"op"'):]))
         if isinstance(self.result, HostError):
             raise self.result
-        return CommandResult("node1", tuple(argv), 0, RESULT_PREFIX + json.dumps(self.result) + "\n", "", 0.1)
+        return Answered(RESULT_PREFIX + json.dumps(self.result) + "\n")
+
+
+@dataclass
+class Answered:
+    """A command that has answered already: a host with the agent cached, and its result."""
+
+    stdout: str
+
+    def chunks(self) -> Iterator[tuple[str, str]]:
+        yield "stdout", f'{EVENT_PREFIX}{{"event": "agent", "cached": true, "state": "cached"}}\n' + self.stdout
+
+    def send(self, data: bytes) -> None:
+        raise AssertionError("nothing is sent to a host that has the agent")
+
+    def close_stdin(self) -> None:
+        return None
+
+    def wait(self, timeout: float | None = None) -> int:
+        return 0
 
 
 FAILED_WRITES = [

@@ -15,15 +15,17 @@ import pytest
 from inventory import LOCALHOST, Host, Inventory, Job
 from node_agent import facts as agent_facts
 from node_agent import torch_facts
+from orchestrator.checks import catalog
 from orchestrator.checks.context import from_job
 from orchestrator.checks.gather import facts_request
 from orchestrator.checks.model import CheckStatus, Observations, ProbeResults
 from orchestrator.checks.node import python_findings
 from orchestrator.checks.registry import run_checks
-from orchestrator.launch.preflight import CHECK_FACTS, LAUNCH_CHECKS, ChecksFailed, launch_facts
+from orchestrator.checks.spec import Runs
+from orchestrator.launch.preflight import CHECK_FACTS, ChecksFailed, launch_facts
 from orchestrator.remote.agent import call_agent
 from orchestrator.remote.transport import LocalTransport
-from orchestrator.remote.wire import HostFacts
+from orchestrator.remote.wire import HostFacts, parse_facts
 
 NO_TORCH = "/usr/bin/python3"
 
@@ -110,7 +112,8 @@ JOB = Job(name="t", inventory=Inventory(HOSTS), hosts=HOSTS, script="train.py", 
 
 def host(name: str, python: str, **facts: Any) -> HostFacts:
     errors = facts.pop("errors", {})
-    return HostFacts(name, {"python": {"requested": python, "found": python}, "cpu_count": 4, **facts}, errors)
+    return parse_facts(name, {"facts": {"python": {"requested": python, "found": python}, "cpu_count": 4, **facts},
+                              "errors": errors})
 
 
 @pytest.mark.parametrize(("facts", "status", "message"), [
@@ -133,12 +136,12 @@ def test_looked_up_or_imported_torch_is_judged_the_same(facts: dict[str, Any], s
 
 
 def test_the_launch_checks_refuse_the_host_without_torch_and_name_it() -> None:
-    assert "python" in LAUNCH_CHECKS and "torch_lookup" in CHECK_FACTS
+    assert "python" in catalog.names(Runs.LAUNCH) and "torch_lookup" in CHECK_FACTS
     assert "torch_lookup" in launch_facts(JOB, checks=True) and "torch_lookup" not in launch_facts(JOB, checks=False)
     obs = Observations(from_job(JOB), {
         "n0": host("n0", "/opt/venv/bin/python", torch_lookup={"found": True, "origin": "/v/torch/__init__.py"}),
         "n1": host("n1", NO_TORCH, torch_lookup={"found": False, "origin": None})}, {}, ProbeResults())
-    findings = [f for f in run_checks(obs, LAUNCH_CHECKS) if f.check == "python"]
+    findings = [f for f in run_checks(obs, Runs.LAUNCH) if f.check == "python"]
     assert [(f.host, f.status) for f in findings] == [("n0", CheckStatus.OK), ("n1", CheckStatus.FAIL)]
     assert f"[python] n1: torch is not importable by {NO_TORCH}" in str(ChecksFailed(findings))
 

@@ -10,9 +10,9 @@ import pytest
 
 from inventory.model import WatchSpec
 from orchestrator.launch import observer
-from orchestrator.launch.monitor import Finding
 from orchestrator.launch.observer import Pulse
 from orchestrator.launch.progress import Status, duration
+from orchestrator.launch.result import Finding
 from orchestrator.remote.wire import RankPhase, StepWindow
 from orchestrator.watch.monitor import POINTS, STALL_P95_FACTOR, Watch
 from orchestrator.watch.straggler import MIN_ROUNDS, WINDOW_SAMPLES

@@ -4,16 +4,17 @@ that does not fit its class is the host's HostError."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
 import pytest
 
-from node_agent import replies_jobs, replies_ports, replies_run, replies_top
+from node_agent import facts, replies_jobs, replies_ports, replies_run, replies_top
 from node_agent.replies import wire
 from node_agent.supervisor import rank_phase
 from orchestrator.errors import HostError, HostErrorKind
-from orchestrator.remote.wire import decode, decode_log_event, parse_supervise
+from orchestrator.remote.wire import Facts, decode, decode_log_event, parse_facts, parse_settled, parse_supervise
 
 
 class r:
@@ -88,3 +89,35 @@ def test_a_crashed_supervisor_and_a_bad_log_event() -> None:
     assert (crashed.exit_code, crashed.error) == (70, "no")
     with pytest.raises(HostError, match="malformed log event: 2 lines, 1 times"):
         decode_log_event("n0", {"text": "a\nb", "times": [[1, 1.0]], "labels": [[1, None]]})
+
+
+# -- the facts op: typed sub-facts, each one decoded on its own ------------------------------------
+
+def test_the_facts_declaration_has_every_sub_fact_the_agent_can_send() -> None:
+    sent = set(facts.registry()) | {"hostname", "elapsed_s", "time"}  # collect() always adds those
+    assert {f.name for f in dataclasses.fields(Facts)} == sent
+
+
+def test_a_malformed_sub_fact_is_its_own_error_and_the_others_stand() -> None:
+    hf = parse_facts("n0", {"facts": {"hostname": "gpu-1", "cpu_count": "many", "gpu_count": 2,
+                                      "resolution": {"master": [{"family": "inet", "address": "10.0.0.1"}],
+                                                     "routes": {"10.0.0.1": {"error": "unreachable"}}}},
+                            "errors": {"torch": "TimeoutExpired: 90s"}}, 1.0, 2.0)
+    assert hf.facts.cpu_count is None and hf.cpu_count == 1 and hf.gpu_count == 2 and hf.hostname == "gpu-1"
+    assert "malformed cpu_count fact: cpu_count is 'many', not int" in hf.errors["cpu_count"]
+    assert hf.errors["torch"] == "TimeoutExpired: 90s" and (hf.sent_at, hf.received_at) == (1.0, 2.0)
+    assert hf.resolution.master[0].address == "10.0.0.1" and hf.resolution.routes["10.0.0.1"].error == "unreachable"
+    assert hf.route_source is None and parse_facts("n0", {}).resolution.routes == {}
+
+
+def test_a_sub_fact_sent_as_none_was_run_one_not_sent_was_not() -> None:
+    no_smi = parse_facts("n0", {"facts": {"gpus": None}})
+    assert no_smi.facts.gpus is None and no_smi.ran("gpus") and not no_smi.ran("hostname_resolution")
+    failed = parse_facts("n0", {"facts": {}, "errors": {"hostname_resolution": "gaierror"}})
+    assert failed.ran("hostname_resolution") and failed.facts.hostname_resolution is None
+
+
+def test_what_a_host_saw_of_its_peers_checkpoint_markers_comes_with_its_result() -> None:
+    seen = parse_settled("n0", {"facts": {}, "errors": {}, "checkpoint": {"seen": ["n1"], "cleanup_error": "EPERM"}})
+    assert seen is not None and (seen.seen, seen.list_error, seen.cleanup_error) == (("n1",), None, "EPERM")
+    assert parse_settled("n0", {"facts": {}}) is None

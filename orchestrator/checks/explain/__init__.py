@@ -3,7 +3,9 @@
 
 `ddpctl doctor --explain CHECK` prints an entry; every finding doctor prints ends with a pointer to
 its check's entry; docs/troubleshooting.md carries the same entries, copied in by `python -m
-orchestrator.checks.explain --write-docs` (tests/unit/test_docs.py keeps the copy equal)."""
+orchestrator.checks.explain --write-docs` (tests/unit/test_docs.py keeps the copy equal). The entries
+follow the checks' order, and a check is named by its name or its column's header, as each check's
+spec says (orchestrator/checks/catalog.py)."""
 
 from __future__ import annotations
 
@@ -11,17 +13,8 @@ import re
 from importlib import resources
 from pathlib import Path
 
-# Every check doctor can report, in the order of its table's columns: the SSH doctor's checks, the
-# launch-path checks (--smoke, --bandwidth, --deep), then the Slurm doctor's controller and allocation checks.
-CHECK_ORDER = (
-    "ssh", "python", "gpu", "nproc", "versions", "workdir", "checkpoint", "restarts", "firewall", "port",
-    "ifname", "nccl", "dns", "clock", "smoke", "bandwidth", "compute", "links", "gpu_health",
-    "slurm", "partition", "proctrack", "alloc",
-)
-# The table's column headers where they are shorter than the check's name.
-SHORT = {"python": "py", "versions": "ver", "workdir": "wdir", "firewall": "fw", "ifname": "if",
-         "clock": "clk", "checkpoint": "ckpt", "restarts": "rst", "compute": "cmp", "links": "link",
-         "gpu_health": "gpuh"}
+from orchestrator.checks import catalog
+
 DOCS_PAGE = "docs/troubleshooting.md"
 BEGIN = "<!-- BEGIN doctor findings"
 END = "<!-- END doctor findings -->"
@@ -30,13 +23,11 @@ END = "<!-- END doctor findings -->"
 def resolve(name: str) -> str | None:
     """The check `name` names (its own name or its column's header, any case); None if none."""
     wanted = name.strip().lower()
-    if wanted in CHECK_ORDER:
-        return wanted
-    return next((check for check, short in SHORT.items() if short == wanted), None)
+    return next((s.name for s in catalog.specs() if wanted in (s.name, s.header)), None)
 
 
 def entry(check: str) -> str:
-    """The Markdown entry of `check` (one of CHECK_ORDER)."""
+    """The Markdown entry of `check` (a declared check)."""
     return resources.files(__name__).joinpath(f"{check}.md").read_text(encoding="utf-8")
 
 
@@ -57,7 +48,7 @@ def docs_region() -> str:
     """Every entry as docs/troubleshooting.md carries it: each under its anchor, headings two
     levels down (the page's own `## Doctor findings` holds them)."""
     parts = []
-    for check in CHECK_ORDER:
+    for check in catalog.names():
         text = re.sub(r"^(#+) ", lambda m: "#" * (len(m.group(1)) + 2) + " ", entry(check).strip(),
                       flags=re.MULTILINE)
         parts.append(f'<a id="{anchor(check)}"></a>\n\n{text}\n')

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 from inventory import Host, Job
+from node_agent.requests import SuperviseRequest
 from orchestrator.checks.model import ProbeResults
 from orchestrator.errors import HostError
 from orchestrator.hostops.stacks import StacksReport
@@ -62,15 +63,14 @@ class DetachReport:
 
 
 def supervise_request(plan: LaunchPlan, launch: HostLaunch, options: LaunchOptions,
-                      detach: bool) -> dict[str, Any]:
+                      detach: bool) -> SuperviseRequest:
     """What a node's supervisor (node_agent/supervisor.py) is asked to run."""
-    return {"job_id": plan.job_id, "job_name": plan.job.name, "run_id": plan.run_id, "node_rank": launch.node_rank,
-            "launcher": list(launch.launcher), "program": list(launch.program),
-            "env": dict(launch.env), "cwd": launch.cwd, "grace": options.grace,
-            "heartbeat_timeout": 0 if detach else limits_for(plan.job.lost_after, options.lost_after).node_after,
-            "detach": detach,
-            "nccl_debug": options.nccl_debug, "wrap": launch.wrapped,
-            "sample_every": plan.job.watch.sample_every}
+    return SuperviseRequest(
+        job_id=plan.job_id, job_name=plan.job.name, run_id=plan.run_id or "", node_rank=launch.node_rank,
+        launcher=tuple(launch.launcher), program=tuple(launch.program), env=dict(launch.env), cwd=launch.cwd,
+        grace=options.grace,
+        heartbeat_timeout=0 if detach else limits_for(plan.job.lost_after, options.lost_after).node_after,
+        detach=detach, nccl_debug=options.nccl_debug, wrap=launch.wrapped, sample_every=plan.job.watch.sample_every)
 
 
 class Backend(Protocol):

@@ -9,7 +9,7 @@ import re
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from inventory import Host, Job
@@ -22,6 +22,7 @@ from node_agent.layout import (
     SLURM_REQUEUE_FILE,
     slurm_state_dir,
 )
+from node_agent.replies import wire
 from orchestrator.checks.model import CheckStatus, ProbeResults
 from orchestrator.checks.slurm_nodes import controller_findings, reprobe_job
 from orchestrator.errors import HostError
@@ -103,11 +104,10 @@ class Submission:
 
 def batch_request(plan: LaunchPlan, spec: SlurmSpec, options: LaunchOptions) -> dict[str, object]:
     """The one request every node's supervisor reads (its node rank is SLURM_PROCID)."""
-    request = supervise_request(plan, plan.hosts[0], options, detach=False)
-    request.update(op="supervise", batch=True, node_rank_env="SLURM_PROCID", heartbeat_timeout=0,
-                   forward_signals=[spec.signal_name] if spec.requeue else [])
-    request.pop("node_rank", None)
-    return request
+    request = replace(supervise_request(plan, plan.hosts[0], options, detach=False), batch=True,
+                      node_rank_env="SLURM_PROCID", heartbeat_timeout=0,
+                      forward_signals=(spec.signal_name,) if spec.requeue else ())
+    return {"op": "supervise", **{k: v for k, v in wire(request).items() if k != "node_rank"}}  # SLURM_PROCID's
 
 
 class SlurmBackend:

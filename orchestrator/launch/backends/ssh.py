@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from inventory import Host, Job
 from inventory.gpus import check_job_env
+from node_agent.replies import wire
 from orchestrator.checks.context import from_job
 from orchestrator.checks.gather import close_all, open_sessions, run_probe
 from orchestrator.checks.model import ProbeResults
@@ -135,8 +136,8 @@ class SshBackend:
         if settle:
             return Resolved(nprocs, settle_master_port(job, self.pool, facts, options.free_port, notice),
                             master_addr=addr, env=env)
-        master = facts[job.master_host.name]
-        return Resolved(nprocs, port if isinstance(port, int) else master.free_port or 0, master_addr=addr, env=env)
+        free = facts[job.master_host.name].facts.free_port
+        return Resolved(nprocs, port if isinstance(port, int) else free or 0, master_addr=addr, env=env)
 
     def _take(self, host: str) -> Session | None:
         with self.lock:
@@ -158,7 +159,7 @@ class SshBackend:
 
     def _run_host(self, plan: LaunchPlan, link: HostLink, options: LaunchOptions, emit: Emit) -> None:
         name = link.name
-        request = supervise_request(plan, link.launch, options, detach=False)
+        request = wire(supervise_request(plan, link.launch, options, detach=False))
         session = self._take(name)
         try:
             if session is not None:  # the pre-launch session goes on to run torchrun
@@ -346,7 +347,7 @@ class SshBackend:
 
         def one(transport: Transport) -> int | None:
             name = transport.host.name
-            request = supervise_request(plan, by_name[name], options, detach=True)
+            request = wire(supervise_request(plan, by_name[name], options, detach=True))
             session = self._take(name)
             if session is None:
                 return parse_detached(name, call_agent(transport, "supervise", request).result).pid
