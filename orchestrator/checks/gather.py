@@ -169,7 +169,9 @@ def open_sessions(pool: HostPool, ctx: DoctorContext, probe: bool,
         finally:
             if rounds is not None and listening is None:
                 rounds.listened(host.name, None)
-        return Opened(session, parse_facts(host.name, payload(event), sent, time.time()), listening)
+        facts = parse_facts(host.name, payload(event), sent, time.time())
+        stream = session.running
+        return Opened(session, replace(facts, agent_cache=stream.stored or stream.cache), listening)
 
     return pool.map(ctx.hosts, one)
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from inventory import Host
-from orchestrator.checks.base import fail, ok
+from orchestrator.checks.base import fail, info, ok
 from orchestrator.checks.model import Finding, Observations
 from orchestrator.checks.spec import CheckSpec, Runs, implements
 from orchestrator.errors import HostError, HostErrorKind
@@ -53,4 +53,18 @@ def check(obs: Observations) -> list[Finding]:
             hf = obs.facts[host.name]
             out.append(ok(CHECK, host.name,
                           f"connected, agent ran in {hf.received_at - hf.sent_at:.1f}s"))
+            if hf.agent_cache.startswith(UNCACHED):
+                out.append(uncached(host.name, hf.agent_cache))
     return out
+
+
+UNCACHED = "not written: "  # the host's agent cache could not keep this version (remote/agent.py)
+
+
+def uncached(name: str, why: str) -> Finding:
+    """The host cannot keep the agent: every call sends it again. It still works."""
+    return info(CHECK, name, f"every call sends the node agent to {name}: it cannot keep a copy "
+                f"({why.removeprefix(UNCACHED)})",
+                f"~/.cache/ddpctl (or $XDG_CACHE_HOME/ddpctl) on {name}: {why}",
+                f"make ~/.cache/ddpctl writable on {name} (free space on its filesystem), or set "
+                "XDG_CACHE_HOME to a writable directory for its non-interactive logins")

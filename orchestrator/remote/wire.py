@@ -244,6 +244,9 @@ class HostFacts:
     sent_at: float = 0.0  # orchestrator wall clock before the call
     received_at: float = 0.0  # ... and after it
     sent: frozenset[str] = frozenset()  # the sub-facts it sent, a None value too (`gpus`: no nvidia-smi)
+    # What the host's agent cache did on this call (orchestrator/remote/agent.py): "cached",
+    # "written", "not written: <why>"; "" where the call did not say (a request read from a file)
+    agent_cache: str = ""
 
     def ran(self, name: str) -> bool:
         """The host ran sub-fact `name` (its request selected it): it sent a value, or its error."""
