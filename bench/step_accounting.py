@@ -3,7 +3,7 @@ under 1 %), measured in one process on this machine's CPU with torch and gloo (w
 
 Two parts, each measured side by side with its baseline in alternating blocks (the medians of
 --blocks blocks of --steps steps):
-(a) the step hook itself (node_agent/rankwrap.py `_stepped`: count, time, read DDP's timings of the
+(a) the step hook itself (node_agent/rank/rankwrap.py `_stepped`: count, time, read DDP's timings of the
     iteration, and write the `step` record every STEP_EVERY seconds into a real rank directory),
     called after each real DDP step of a small model, against the same steps with no hook;
 (b) DDP's runtime timings at every iteration (`_set_ddp_runtime_logging_sample_rate(1)`, which the
@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from node_agent import rankwrap
+from node_agent.rank import rankwrap
 
 STEP_S = 0.010
 

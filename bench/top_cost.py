@@ -1,6 +1,6 @@
 """What `ddpctl top` costs a host: the CPU seconds its sampling takes per host per second of watching.
 
-Runs the top op's sampling function (node_agent/top.py `sample`) back to back at its cadence
+Runs the top op's sampling function (node_agent/ops/top.py `sample`) back to back at its cadence
 (--interval, 2 s: each sample waits its interval between the two readings) for --seconds against a
 job on this machine, and reads the CPU it took from getrusage: this process (the sampling, its
 nvidia-smi thread) and its children (nvidia-smi itself, where it is installed). The job is a
@@ -32,7 +32,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from inventory import local_inventory  # noqa: E402
-from node_agent import top  # noqa: E402
+from node_agent.ops import top  # noqa: E402
 from orchestrator.remote.agent import call_agent  # noqa: E402
 from orchestrator.remote.transport import LocalTransport  # noqa: E402
 from tests.unit.top_fakes import fake_job  # noqa: E402

@@ -6,8 +6,8 @@ import importlib
 import os
 import sys
 
-from node_agent import protocol
-from node_agent.protocol import PROTOCOL_VERSION, emit_result, read_request
+from node_agent.wire import protocol
+from node_agent.wire.protocol import PROTOCOL_VERSION, emit_result, read_request
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing is for the checker only (node_agent/__init__.py)
@@ -18,26 +18,26 @@ if TYPE_CHECKING:  # typing is for the checker only (node_agent/__init__.py)
 # sent its result line itself (supervise and attach: through the supervisor's uplink).
 OPS: Dict[str, str] = {
     "ping": "node_agent.__main__:ping",
-    "facts": "node_agent.facts:gather",
-    "gpu_health": "node_agent.gpuhealth:gather",
-    "port_owners": "node_agent.ports:port_owners",
-    "kill_port": "node_agent.ports:kill_port",
-    "listen": "node_agent.probe:listen",
-    "connect": "node_agent.probe:connect",
-    "supervise": "node_agent.supervisor:supervise",
-    "ps": "node_agent.jobs:ps",
-    "down": "node_agent.jobs:down",
-    "prune": "node_agent.prune:prune",
-    "loop": "node_agent.loops:start",
-    "logs": "node_agent.jobs:logs",
-    "stacks": "node_agent.stacks:dump",
-    "top": "node_agent.top:top",
-    "follow": "node_agent.follow:follow",
-    "attach": "node_agent.attach:attach",
-    "slurm_check": "node_agent.slurm_probe:check",
-    "authorize_key": "node_agent.authkeys:authorize_key",
-    "manifest": "node_agent.syncdest:manifest",
-    "unpack": "node_agent.syncdest:unpack",
+    "facts": "node_agent.ops.facts:gather",
+    "gpu_health": "node_agent.ops.gpuhealth:gather",
+    "port_owners": "node_agent.ops.ports:port_owners",
+    "kill_port": "node_agent.ops.ports:kill_port",
+    "listen": "node_agent.ops.probe:listen",
+    "connect": "node_agent.ops.probe:connect",
+    "supervise": "node_agent.runtime.supervisor:supervise",
+    "ps": "node_agent.ops.jobs:ps",
+    "down": "node_agent.ops.jobs:down",
+    "prune": "node_agent.ops.prune:prune",
+    "loop": "node_agent.runtime.loops:start",
+    "logs": "node_agent.ops.jobs:logs",
+    "stacks": "node_agent.ops.stacks:dump",
+    "top": "node_agent.ops.top:top",
+    "follow": "node_agent.ops.follow:follow",
+    "attach": "node_agent.runtime.attach:attach",
+    "slurm_check": "node_agent.ops.slurm_probe:check",
+    "authorize_key": "node_agent.ops.authkeys:authorize_key",
+    "manifest": "node_agent.ops.syncdest:manifest",
+    "unpack": "node_agent.ops.syncdest:unpack",
 }
 
 
@@ -58,7 +58,9 @@ def _load(op: str) -> Callable[[Dict[str, Any], Any], Dict[str, Any]]:
     if target is None:
         raise KeyError("unknown op %r (known: %s)" % (op, ", ".join(sorted(OPS))))
     module_name, func_name = target.split(":")
-    return getattr(importlib.import_module(module_name), func_name)
+    op_function: Callable[[Dict[str, Any], Any], Dict[str, Any]] = getattr(importlib.import_module(module_name),
+                                                                         func_name)
+    return op_function
 
 
 def main(request: Optional[bytes] = None, cache: str = "") -> int:
@@ -80,8 +82,8 @@ def _run(line: Optional[bytes]) -> int:
     except Exception as exc:  # an agent that crashes still answers with one JSON result
         import traceback
 
-        from node_agent.replies import wire
-        from node_agent.replies_run import AgentFailure, Failed
+        from node_agent.wire.replies import wire
+        from node_agent.wire.replies_run import AgentFailure, Failed
 
         emit_result(wire(Failed(AgentFailure(type(exc).__name__, str(exc), traceback.format_exc()))))
         return 70

@@ -9,7 +9,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from node_agent.ifname import is_suspicious, nccl_auto_pick
+from node_agent.host.ifname import is_suspicious, nccl_auto_pick
 from orchestrator.remote.wire import HostFacts, InterfaceFact, MasterRoute, ResolvedAddress, TableRoute
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address

@@ -4,7 +4,7 @@ share it (a restart resumes from it: on another host it must see the same files)
 Each host creates the directory where it is missing and writes a marker file in it, named for
 the host, that the control plane chose for this run. The markers stay until doctor ends its
 sessions, which it does only once every host has sent its facts; each host then looks for the
-others' markers and removes its own (node_agent/facts.py). A host seeing another's marker proves
+others' markers and removes its own (node_agent/ops/facts.py). A host seeing another's marker proves
 they share the directory, so the relation counts both ways: of two hosts that share it, the one
 that looks first always sees the other's marker.
 """

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from inventory import Host
-from node_agent.layout import DOCTOR_MARKER_PREFIX
+from node_agent.wire.layout import DOCTOR_MARKER_PREFIX
 from orchestrator.checks.addressing import (
     Addressing,
     HostNet,
@@ -50,7 +50,7 @@ def facts_request(ctx: DoctorContext, host: Host, probe: bool,
     """The facts op's request for one host: doctor's whole set, or the `select`ed sub-facts (the
     launch); with `probe`, listeners for the TCP probe (the master also on the master port).
     master_port None ("auto"): the master picks a free port instead. `hold`: after the facts the
-    agent waits for a START line and runs the host's torchrun (see node_agent/facts.py)."""
+    agent waits for a START line and runs the host's torchrun (see node_agent/ops/facts.py)."""
     is_master = host.name == ctx.master.name and ctx.master_port is not None
     request: dict[str, Any] = {
         "python": host.python,

@@ -1,4 +1,4 @@
-"""doctor --deep's GPU health check: the gpu_health op's report of one host (node_agent/replies_gpu.py)
+"""doctor --deep's GPU health check: the gpu_health op's report of one host (node_agent/wire/replies_gpu.py)
 -> findings. Pure: uncorrectable ECC errors, pending page retirement and row remapping, a row remap
 failure, active hardware throttling, a PCIe link narrower than it can be, and the kernel log's Xid
 lines, each with its evidence and fix; one OK finding for a healthy host. `[N/A]` (a value the GPU

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Sequence
 
-from node_agent.ifname import (
+from node_agent.host.ifname import (
     is_suspicious,
     match_nccl,
     nccl_auto_pick,

@@ -16,7 +16,7 @@ PYTHON = "python"
 GPU = "gpu"
 PYTHON_SPEC = CheckSpec(PYTHON, order=20, runs=Runs.NODE | Runs.LAUNCH | Runs.SLURM, column="py")
 GPU_SPEC = CheckSpec(GPU, order=30, runs=Runs.NODE | Runs.LAUNCH | Runs.SLURM)
-TORCH_LOOKUP = "torch_lookup"  # the launch's sub-fact: is torch there (node_agent/torch_facts.py)
+TORCH_LOOKUP = "torch_lookup"  # the launch's sub-fact: is torch there (node_agent/ops/torch_facts.py)
 
 
 def python_findings(name: str, hf: HostFacts, ctx: DoctorContext) -> list[Finding]:

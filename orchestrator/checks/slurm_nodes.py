@@ -16,7 +16,7 @@ from inventory import Host, Job
 from inventory.sbatch import allocation_options
 from inventory.slurm_table import DEFAULT_BASE_PORT, node_hosts
 from inventory.specs import SlurmSpec
-from node_agent.layout import SLURM_PORT_SPREAD, SLURM_PORT_TRIES, slurm_state_dir
+from node_agent.wire.layout import SLURM_PORT_SPREAD, SLURM_PORT_TRIES, slurm_state_dir
 from orchestrator.checks import catalog
 from orchestrator.checks.base import fail, listing, ok
 from orchestrator.checks.gather import facts_request

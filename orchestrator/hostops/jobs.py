@@ -36,7 +36,7 @@ T = TypeVar("T")
 SHOWN_HOSTS = 5
 PRINT_BATCH = 4096  # merged lines handed to the sink at once
 QUEUED_BATCHES = 8  # a host's batches (log events) waiting for the merge, where every host has a thread
-LOOP_STOP_S = 90.0  # a restart loop ends its job on every host (node_agent/loops.py STOP_WAIT_S) within this
+LOOP_STOP_S = 90.0  # a restart loop ends its job on every host (node_agent/runtime/loops.py STOP_WAIT_S) within this
 
 
 LogSink = Callable[[Sequence[LogLine]], None]  # a batch of lines, in the order to show them
@@ -95,7 +95,7 @@ def running_jobs(pool: HostPool, hosts: Sequence[Host], job: str | None = None) 
 
 def stop_job(pool: HostPool, hosts: Sequence[Host], job: str, grace: float) -> FanOut[list[StoppedJob]]:
     """Stop `job` on every host: SIGTERM, then SIGKILL after `grace`; what each host ended. A
-    detached restart loop of it goes first, everywhere (node_agent/loops.py): it stops the job
+    detached restart loop of it goes first, everywhere (node_agent/runtime/loops.py): it stops the job
     itself and restarts nothing; only then are the supervisors stopped."""
     loops = pool.map(hosts, lambda t: parse_down(call_agent(t, "down", {"job": job, "loops_only": True},
                                                             timeout=LOOP_STOP_S).result))

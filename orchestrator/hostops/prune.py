@@ -1,7 +1,7 @@
 """Bounded state: the oldest run directories removed, on the hosts and here in runs/, never one of a
-run that may still run. The hosts prune themselves (node_agent/prune.py: the prune op, or at a
+run that may still run. The hosts prune themselves (node_agent/ops/prune.py: the prune op, or at a
 launch the facts op's `prune` sub-fact in the pre-launch round trip); here the same rule
-(`node_agent.prunerule.doomed`) judges runs/<id>/ by its run record (runs/<id>/run.json). `ddpctl prune`
+(`node_agent.ops.prunerule.doomed`) judges runs/<id>/ by its run record (runs/<id>/run.json). `ddpctl prune`
 and the launch both come through here (docs/running.md, "Run directories")."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from inventory import ConfigError, Host, Inventory, load_job
-from node_agent.prunerule import RunDir, doomed, newest_entry, process_started, remove, size_of
-from node_agent.replies_jobs import PrunedRun, PruneReport
+from node_agent.ops.prunerule import RunDir, doomed, newest_entry, process_started, remove, size_of
+from node_agent.wire.replies_jobs import PrunedRun, PruneReport
 from orchestrator.errors import HostError
 from orchestrator.hostops.runrecord import RECORD, RunRecord, read_record
 from orchestrator.hostops.targets import inventory_at, require_job_file

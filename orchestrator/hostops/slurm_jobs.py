@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from inventory.specs import SlurmSpec
-from node_agent.layout import (
+from node_agent.wire.layout import (
     SLURM_DOWN_MARK,
     SLURM_FOLLOW_PATTERN,
     SLURM_JOB_COMMENT,

@@ -14,7 +14,7 @@ from typing import Any
 
 from inventory import Host
 from inventory.specs import SlurmSpec
-from node_agent.layout import slurm_state_dir
+from node_agent.wire.layout import slurm_state_dir
 from orchestrator.errors import HostError, HostErrorKind
 from orchestrator.hostops import slurm_jobs
 from orchestrator.remote.agent import call_agent

@@ -13,7 +13,7 @@ SILENT_AFTER = 8.0  # four heartbeats missed: start reaching the host on a fresh
 RETRY_EVERY = 2.0  # between two attempts at a fresh connection (each within --connect-timeout)
 DEFAULT_LOST_AFTER = 60.0
 NODE_FACTOR = 1.5  # the node's own limit, from the control plane's
-NODE_WATCH_EVERY = 0.5  # how often a node's watchdog looks (node_agent/supervisor.py WATCH_EVERY)
+NODE_WATCH_EVERY = 0.5  # how often a node's watchdog looks (node_agent/runtime/supervisor.py WATCH_EVERY)
 SELF_STOP_MARGIN = 2.0  # clocks, scheduling: on top of the node's own bound before we count on it
 MIN_LOST_AFTER = SILENT_AFTER + RETRY_EVERY  # a host must have a chance to be reached again
 

@@ -14,7 +14,7 @@ from typing import overload
 
 from orchestrator.launch.plan import HostLaunch
 
-ROLE = "default"  # torchrun's worker role (node_agent/ranklogs.py writes the same prefix)
+ROLE = "default"  # torchrun's worker role (node_agent/runtime/ranklogs.py writes the same prefix)
 
 Labelled = tuple[str | None, str]  # (rank label, or None for torchrun's own line; the text)
 

@@ -60,7 +60,7 @@ class HostLaunch:
     program: tuple[str, ...]  # script (or -m module) + the job's args
     env: Mapping[str, str]
     cwd: str
-    wrapped: bool = False  # each rank starts through the node's rank wrapper (node_agent/rankwrap.py)
+    wrapped: bool = False  # each rank starts through the node's rank wrapper (node_agent/rank/rankwrap.py)
     nproc_source: str = ""  # what decided nproc: the job's nproc_per_node, the host's slots, ...
     # the global rank of its local rank 0: the ranks of the hosts before it (they may run more or
     # fewer processes: torchrun numbers the ranks by each node's own count); None: node_rank * nproc
@@ -122,7 +122,7 @@ def launcher_argv(job: Job, host: Host, node_rank: int, nproc: int, master_addr:
     else:
         argv += ["--node-rank", str(node_rank), "--master-addr", master_addr,
                  "--master-port", str(master_port)]
-    # each rank's output goes to its own files; the node supervisor reads them (node_agent/ranklogs.py)
+    # each rank's output goes to its own files; the node supervisor reads them (node_agent/runtime/ranklogs.py)
     argv += ["--max-restarts", "0", "--redirects", "3"]
     if inline:
         argv.append("--no-python")

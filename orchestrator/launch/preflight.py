@@ -16,7 +16,7 @@ from pathlib import Path
 from inventory import ConfigError, Host, Job
 from inventory.fields import is_ip_address
 from inventory.gpus import declared_gpus, selection
-from node_agent.replies_jobs import PruneReport
+from node_agent.wire.replies_jobs import PruneReport
 from orchestrator.checks.addressing import Addressing, PickedInterfaces, is_loopback
 from orchestrator.checks.context import from_job
 from orchestrator.checks.gather import (

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
-from node_agent.layout import STOPPED_BY_DOWN, STOPPED_BY_SIGNAL
+from node_agent.wire.layout import STOPPED_BY_DOWN, STOPPED_BY_SIGNAL
 from orchestrator.hostops.stacks import StacksReport, report_json, report_text
 from orchestrator.launch.backends.base import Backend
 from orchestrator.launch.events import (

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import node_agent
-from node_agent.protocol import EVENT_PREFIX, RESULT_PREFIX, parse_line
+from node_agent.wire.protocol import EVENT_PREFIX, RESULT_PREFIX, parse_line
 from orchestrator.errors import HostError, HostErrorKind
 from orchestrator.remote.transport import (
     Chunk,
@@ -92,7 +92,7 @@ if not codes:
     codes = {}
     try:
         if not tag or sys.flags.dont_write_bytecode:
-            raise OSError(0, "this interpreter writes no bytecode")
+            raise OSError(0, "")
         os.makedirs(base, mode=0o700, exist_ok=True)
         tmp = "%s.%d" % (path, os.getpid())
         try:
@@ -110,7 +110,7 @@ if not codes:
             if old.startswith("agent-") and os.stat(os.path.join(base, old)).st_mtime < now - 14 * 86400:
                 os.remove(os.path.join(base, old))
     except OSError as e:
-        state = "not written: %s" % (e.strerror or e)
+        state = "not written: %s" % e.strerror if e.errno else "not kept: no bytecode here (PYTHONDONTWRITEBYTECODE)"
     if not int(size):
         sys.stdout.write("@@DDPCTL-EVENT@@ %s\\n" % json.dumps({"event": "agent", "state": state}))
 names = codes or sources()
@@ -133,7 +133,7 @@ sys.exit(a.main(request, state))
 
 # Picks the inventory's interpreter when it exists, else python3, so a host whose configured
 # interpreter is missing still answers (and doctor can say so). "$1"/"$2" are argv, not code.
-# -S: no site start-up (a virtualenv's .pth files cost up to 20 ms a call; node_agent/sitedirs.py
+# -S: no site start-up (a virtualenv's .pth files cost up to 20 ms a call; node_agent/host/sitedirs.py
 # finds site-packages for the two lookups that want them).
 LAUNCHER = 'P="$1"; command -v "$P" >/dev/null 2>&1 || P=python3; exec "$P" -S -c "$2"'
 
@@ -144,9 +144,10 @@ def agent_code() -> tuple[str, bytes]:
     source)). The key names the sources and the BOOTSTRAP that caches them on a host."""
     root = Path(node_agent.__file__).parent
     sources: dict[str, tuple[bool, str]] = {}
-    for path in sorted(root.glob("*.py")):
-        name = "node_agent" if path.stem == "__init__" else f"node_agent.{path.stem}"
-        sources[name] = (path.stem == "__init__", path.read_text())
+    for path in sorted(root.rglob("*.py")):
+        parts = path.relative_to(root.parent).with_suffix("").parts
+        package = parts[-1] == "__init__"
+        sources[".".join(parts[:-1] if package else parts)] = (package, path.read_text())
     blob = zlib.compress(json.dumps(sources).encode(), 6)
     return hashlib.sha256(BOOTSTRAP.encode() + blob).hexdigest()[:32], blob
 

@@ -1,4 +1,4 @@
-"""The gpu_health op on one host, decoded (node_agent/gpuhealth.py; its reply: node_agent/replies_gpu.py)."""
+"""The gpu_health op on one host, decoded (node_agent/ops/gpuhealth.py; its reply: node_agent/wire/replies_gpu.py)."""
 
 from __future__ import annotations
 

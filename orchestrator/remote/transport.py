@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from inventory import Host
-from node_agent.lines import whole_lines
+from node_agent.host.lines import whole_lines
 from orchestrator.errors import HostError, HostErrorKind
 
 

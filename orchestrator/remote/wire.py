@@ -1,4 +1,4 @@
-"""The node agent's replies, decoded from their one definition (node_agent/replies.py).
+"""The node agent's replies, decoded from their one definition (node_agent/wire/replies.py).
 
 `decode` reads any reply dataclass from its JSON by the class's own annotations (nested dataclasses,
 Optional and Union, tuples, lists, dicts, enums): no key is copied by hand here. A reply that does
@@ -20,8 +20,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar, Union
 
-from node_agent.replies import one_line
-from node_agent.replies_facts import (
+from node_agent.wire.replies import one_line
+from node_agent.wire.replies_facts import (
     CheckpointSeen,
     Facts,
     FactsReply,
@@ -45,9 +45,9 @@ from node_agent.replies_facts import (
     UfwFact,
     WorkdirFact,
 )
-from node_agent.replies_gpu import GpuHealth, GpuHealthReport, XidEvent
-from node_agent.replies_jobs import LogEvent, LogsFound, RunningJob, RunningJobs, StoppedJob, StoppedJobs
-from node_agent.replies_ports import (
+from node_agent.wire.replies_gpu import GpuHealth, GpuHealthReport, XidEvent
+from node_agent.wire.replies_jobs import LogEvent, LogsFound, RunningJob, RunningJobs, StoppedJob, StoppedJobs
+from node_agent.wire.replies_ports import (
     CheckpointFact,
     KilledProcess,
     MasterPortFact,
@@ -57,7 +57,7 @@ from node_agent.replies_ports import (
     RefusedProcess,
     UnseenSocket,
 )
-from node_agent.replies_run import (
+from node_agent.wire.replies_run import (
     RANK_ENDS,
     DetachedStart,
     Failed,
@@ -67,7 +67,7 @@ from node_agent.replies_run import (
     StepWindow,
     SuperviseResult,
 )
-from node_agent.replies_top import GpuStat, HostSample, HostTop, RankSteps, TopNode, selected_gpus
+from node_agent.wire.replies_top import GpuStat, HostSample, HostTop, RankSteps, TopNode, selected_gpus
 from orchestrator.errors import HostError, HostErrorKind
 
 __all__ = [
@@ -169,7 +169,7 @@ def _value(tp: Any, value: Any, path: str) -> Any:
 
 
 def decode(cls: type[T], data: Any, host: str = "", what: str = "reply", fill: Mapping[str, Any] | None = None) -> T:
-    """`cls` (a node_agent/replies.py dataclass) read from an agent reply's JSON; keys it does not
+    """`cls` (a node_agent/wire/replies.py dataclass) read from an agent reply's JSON; keys it does not
     declare are ignored, fields in `fill` (the control plane's own: `host`) set. Malformed: the
     host's HostError."""
     try:
@@ -304,7 +304,7 @@ def _each_field(cls: type[T], data: Mapping[str, Any], what: str) -> tuple[T, di
 
 def parse_facts(host: str, reply: Mapping[str, Any], sent_at: float = 0.0, received_at: float = 0.0) -> HostFacts:
     """The facts op's answer (its `facts` event or its result). Each sub-fact is decoded on its own:
-    one that does not fit its declaration (node_agent/replies_facts.py Facts) is None, with the
+    one that does not fit its declaration (node_agent/wire/replies_facts.py Facts) is None, with the
     problem as its error; the other sub-facts stand."""
     got = decode(FactsReply, reply, host, "facts reply")
     sent = got.facts or {}
@@ -341,7 +341,7 @@ class LogLine:
 
 
 def decode_log_event(host: str, fields: Mapping[str, Any]) -> list[LogLine]:
-    """The lines of one `log` event of the node agent's logs op (node_agent/replies.py LogEvent)."""
+    """The lines of one `log` event of the node agent's logs op (node_agent/wire/replies.py LogEvent)."""
     event = decode(LogEvent, fields, host, "log event")
     texts = event.text.split("\n")
     times = [t for count, t in event.times for _ in range(count)]

@@ -1,7 +1,7 @@
 """`up --detach` with restarts: the restarting loop cannot run in the `up` that returns at once,
 and the machine that launched may be gone by the time a host fails. So `ddpctl up` itself, the
 same command line without --detach, runs as a daemon on the job's first host
-(node_agent/loops.py) and restarts the job from there: that host needs ddpctl importable by its
+(node_agent/runtime/loops.py) and restarts the job from there: that host needs ddpctl importable by its
 interpreter, the job file at the same path (a shared filesystem), and SSH to the other hosts.
 `ddpctl down <run id>` ends the loop first, then the job."""
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pathspec
 
 from inventory.specs import SyncSpec
-from node_agent.layout import SYNC_RECORD_DIR
+from node_agent.wire.layout import SYNC_RECORD_DIR
 
 # A repository's own data never goes to the hosts, nor do the records of what earlier syncs put in
 # a copy (the source may itself be such a copy).

@@ -143,7 +143,7 @@ def test_a_listener_squatting_on_the_master_port(cluster: Cluster) -> None:
     assert code == 1
     assert [f["host"] for f in bad] == ["node0"]
     assert "29500" in bad[0]["message"] and "kill-port 29500 --host node0" in bad[0]["fix"]
-    if "cannot list port owners" not in bad[0]["message"]:  # node_agent/ports.py present
+    if "cannot list port owners" not in bad[0]["message"]:  # node_agent/ops/ports.py present
         assert "python3" in bad[0]["evidence"]
 
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from node_agent.runstate import alive
+from node_agent.host.runstate import alive
 from orchestrator.cli import app
 from tests.cluster import Cluster
 from tests.unit.ports_listeners import NOBODY, SYSTEM_PYTHON, fake_torchrun_argv, listener_argv, started

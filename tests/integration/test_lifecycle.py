@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from node_agent.runstate import alive, job_pids
+from node_agent.host.runstate import alive, job_pids
 from tests.ddpctl_run import run_ddpctl, wait_for, write_job
 
 

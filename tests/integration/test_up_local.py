@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from node_agent.runstate import alive, job_pids
+from node_agent.host.runstate import alive, job_pids
 from tests.ddpctl_run import REPO, only_summary, run_ddpctl, wait_for, write_job
 from tests.unit.ports_listeners import TIME_WAIT_MAKER, reap
 

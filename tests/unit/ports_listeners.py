@@ -13,8 +13,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from node_agent.ports import proc_sockets
-from node_agent.runstate import alive
+from node_agent.host.runstate import alive
+from node_agent.ops.ports import proc_sockets
 
 # argv: family (v4|v6) proto (tcp|udp) port children; prints "<port> <child pid>..." once bound.
 LISTENER = """

@@ -181,7 +181,7 @@ def test_a_master_named_localhost_is_still_probed_where_it_can_be_reached() -> N
 
 
 def test_the_kernel_table_is_read_from_proc_without_starting_ip() -> None:
-    from node_agent.factparse import parse_proc_net_route
+    from node_agent.host.factparse import parse_proc_net_route
     text = ("Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT\n"
             "eth0\t00000000\t010012C6\t0003\t0\t0\t100\t00000000\t0\t0\t0\n"
             "eth0\t000012C6\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0\n"

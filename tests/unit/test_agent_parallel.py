@@ -1,10 +1,10 @@
-"""node_agent/parallel.py: the agent's thread fan-out (sub-facts, TCP dials)."""
+"""node_agent/host/parallel.py: the agent's thread fan-out (sub-facts, TCP dials)."""
 
 from __future__ import annotations
 
 import threading
 
-from node_agent.parallel import run_all
+from node_agent.host.parallel import run_all
 
 
 def test_each_call_gives_its_result_or_its_exception_in_order() -> None:

@@ -53,8 +53,12 @@ def test_payload_carries_every_agent_module() -> None:
     size, key = header.split()
     assert int(size) == len(blob) and len(key) == 32
     sources = json.loads(zlib.decompress(blob))
-    modules = {p.stem for p in Path(node_agent.__file__).parent.glob("*.py")}
-    assert {name.rsplit(".", 1)[-1] for name in sources} - {"node_agent"} == modules - {"__init__"}
+    root = Path(node_agent.__file__).parent
+    modules = {".".join(p.relative_to(root.parent).with_suffix("").parts).removesuffix(".__init__")
+               for p in root.rglob("*.py")}
+    assert set(sources) == modules and {"node_agent.ops.facts", "node_agent.wire.protocol"} <= modules
+    assert {name for name, (package, _) in sources.items() if package} == {
+        "node_agent", "node_agent.host", "node_agent.ops", "node_agent.rank", "node_agent.runtime", "node_agent.wire"}
 
 
 def test_agent_runs_from_stdin_without_the_package_on_the_path(tmp_path: Path) -> None:
@@ -92,7 +96,7 @@ def test_unknown_op_and_garbage_become_host_errors() -> None:
 
 
 def test_protocol_lines_are_separated_from_program_output() -> None:
-    from node_agent.protocol import EVENT_PREFIX, RESULT_PREFIX
+    from node_agent.wire.protocol import EVENT_PREFIX, RESULT_PREFIX
 
     out = f"hello\n{EVENT_PREFIX}{{\"event\": \"started\", \"pid\": 3}}\n{RESULT_PREFIX}{{\"x\": 1}}\n"
     reply = parse_reply(CommandResult("h", ("x",), 0, out, "", 0.1))
@@ -122,10 +126,10 @@ def test_a_workers_facts_op_imports_only_what_its_sub_facts_need() -> None:
                "probe": {"ports": [0], "timeout": 10}}
     baseline = _imported([sys.executable, "-c", "pass"], b"")  # site's own (e.g. an editable install)
     agent = _imported(agent_argv(sys.executable), request_bytes("facts", request)) - baseline
-    assert {"node_agent.torch_facts", "node_agent.probe"} <= agent  # it did run the op
+    assert {"node_agent.ops.torch_facts", "node_agent.ops.probe"} <= agent  # it did run the op
     heavy = {"psutil", "hashlib", "concurrent.futures", "logging", "importlib.abc", "importlib.util",
-             "encodings.idna", "platform", "pathlib", "dataclasses", "typing", "node_agent.ports",
-             "node_agent.syncdest", "node_agent.runstate", "node_agent.procfs"}
+             "encodings.idna", "platform", "pathlib", "dataclasses", "typing", "node_agent.ops.ports",
+             "node_agent.ops.syncdest", "node_agent.host.runstate", "node_agent.host.procfs"}
     assert agent & heavy == set()
 
 

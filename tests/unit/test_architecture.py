@@ -54,9 +54,17 @@ def test_node_agent_needs_only_the_standard_library_and_optional_psutil() -> Non
     assert offenders == {}
 
 
+def test_node_agent_parses_as_python_3_8() -> None:
+    """Every host runs it on its own python3, 3.8 or newer: no syntax of a later Python (a match
+    statement, parenthesized context managers, `except*`). mypy checks the types, but no mypy that
+    runs here can target 3.8; tests/unit/test_agent_shipping.py runs the ops on a real 3.8."""
+    for path in sorted((ROOT / "node_agent").rglob("*.py")):
+        ast.parse(path.read_text(), str(path), feature_version=(3, 8))
+
+
 def test_the_agent_wire_is_decoded_only_in_the_remote_layer() -> None:
     users = [str(p.relative_to(ROOT)) for p in sorted((ROOT / "orchestrator").rglob("*.py"))
-             if "node_agent.protocol" in imports(p)]
+             if "node_agent.wire.protocol" in imports(p)]
     assert users == ["orchestrator/remote/agent.py"]
 
 
@@ -77,8 +85,8 @@ def keyed(tree: ast.AST, receiver: Callable[[ast.expr], bool] = lambda _: True) 
 def test_each_agent_reply_is_defined_once() -> None:
     """Practice 15: the control plane declares no class of its own named like a node_agent reply,
     and the wire module reads no reply key by hand (`x["key"]`, `x.get("key")`, `"key" in x`): it
-    decodes the replies from node_agent/replies*.py by their annotations, the facts too."""
-    replies = {n.name for p in sorted((ROOT / "node_agent").glob("replies*.py"))
+    decodes the replies from node_agent/wire/replies*.py by their annotations, the facts too."""
+    replies = {n.name for p in sorted((ROOT / "node_agent" / "wire").glob("replies*.py"))
                for n in ast.walk(ast.parse(p.read_text())) if isinstance(n, ast.ClassDef)}
     mirrored = {f"{p.relative_to(ROOT)}:{n.name}" for p in sorted((ROOT / "orchestrator").rglob("*.py"))
                 for n in ast.walk(ast.parse(p.read_text())) if isinstance(n, ast.ClassDef) and n.name in replies}
@@ -93,7 +101,7 @@ def facts_reader(node: ast.expr) -> bool:
 
 
 def test_the_facts_are_read_by_attribute_never_by_key() -> None:
-    """The facts op's answer is typed (node_agent/replies_facts.py): HostFacts offers no lookup by
+    """The facts op's answer is typed (node_agent/wire/replies_facts.py): HostFacts offers no lookup by
     name, and nothing in the control plane reads a sub-fact by key (`hf.get("resolution")`,
     `hf.facts["gpus"]`, `"gpus" in hf.facts`)."""
     wire = ast.parse((ROOT / "orchestrator/remote/wire.py").read_text())
@@ -110,7 +118,7 @@ def test_the_facts_are_read_by_attribute_never_by_key() -> None:
 
 # -- the layers -------------------------------------------------------------------------------
 
-SOURCES = ("orchestrator", "inventory", "node_agent")
+SOURCES = ("orchestrator", "inventory", "node_agent", "train_jobs")
 
 # Top to bottom. A package imports only packages of a lower layer (never one of its own layer but
 # itself): the CLI and the Python API on top, inventory and node_agent below everything.
@@ -128,7 +136,15 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("orchestrator.checks", "orchestrator.hostops", "orchestrator.sync"),
     ("orchestrator.remote",),
     ("orchestrator.errors",),
-    ("inventory", "node_agent"),
+    # node_agent by role: its entry (__main__'s table of ops), the ops, the node runtime (the
+    # supervisor), code that runs inside a rank, what the ops and the runtime read of the host, and
+    # the wire it shares with the control plane. train_jobs: the programs ddpctl ships inline (the
+    # control plane reads the deep check's pure rules from them; see test_the_control_plane_...).
+    ("node_agent",),
+    ("node_agent.ops",),
+    ("node_agent.runtime",),
+    ("node_agent.rank", "node_agent.host"),
+    ("inventory", "node_agent.wire", "train_jobs"),
 )
 UNITS = {unit: rank for rank, layer in enumerate(LAYERS) for unit in layer}
 
@@ -232,3 +248,26 @@ def test_no_import_circle_anywhere() -> None:
 
 def test_the_circle_finder_finds_a_circle() -> None:
     assert strongly_connected({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_the_control_plane_imports_only_the_pure_modules_of_train_jobs() -> None:
+    """train_jobs holds programs that import torch; the control plane never does, so what it
+    imports from there (the deep check's schedule and verdict rules) imports no torch, even
+    through another module."""
+    known, edges = modules(), graph()
+    reached: set[str] = set()
+    todo = [t for name, targets in edges.items() if name.startswith("orchestrator") for t in targets
+            if t.startswith("train_jobs")]
+    while todo:
+        name = todo.pop()
+        if name not in reached:
+            reached.add(name)
+            todo += edges.get(name, ())
+    assert reached, "the control plane imports nothing of train_jobs: drop this test"
+    heavy = {"torch", "numpy"}
+    assert {name: sorted(top_level_of(known[name]) & heavy) for name in sorted(reached)
+            if top_level_of(known[name]) & heavy} == {}
+
+
+def top_level_of(path: Path) -> set[str]:
+    return {name.split(".")[0] for name in imports(path)}

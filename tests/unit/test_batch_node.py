@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from inventory import LOCALHOST
-from node_agent.protocol import parse_line
+from node_agent.wire.protocol import parse_line
 from orchestrator.remote.agent import BOOTSTRAP, AgentEvent, AgentResult, agent_payload, start_agent
 from orchestrator.remote.transport import LocalTransport
 

@@ -15,8 +15,8 @@ import pytest
 from doctor_fixtures import HOSTS, context, observe
 
 from inventory import Host
-from node_agent import facts
-from node_agent.layout import DOCTOR_MARKER_PREFIX as MARKER_PREFIX
+from node_agent.ops import facts
+from node_agent.wire.layout import DOCTOR_MARKER_PREFIX as MARKER_PREFIX
 from orchestrator.checks import checkpoint
 from orchestrator.checks.gather import checkpoint_markers, facts_request
 from orchestrator.checks.model import CheckStatus, DoctorContext, Finding, Observations

@@ -10,7 +10,7 @@ import pytest
 from doctor_fixtures import HOSTS, context, host_facts, observe
 
 from inventory import Host
-from node_agent import factparse
+from node_agent.host import factparse
 from orchestrator.checks import agreement, node
 from orchestrator.checks.model import CheckStatus, Finding, Observations, ProbeResults
 from orchestrator.checks.registry import run_checks

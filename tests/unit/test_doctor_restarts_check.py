@@ -13,7 +13,7 @@ from doctor_fixtures import HOSTS, context, observe
 
 import orchestrator.cli
 from inventory import Host
-from node_agent import facts, torch_facts
+from node_agent.ops import facts, torch_facts
 from orchestrator.checks import restarts
 from orchestrator.checks.gather import facts_request
 from orchestrator.checks.model import CheckStatus, DoctorContext, Finding

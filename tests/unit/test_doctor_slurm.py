@@ -19,7 +19,7 @@ import pytest
 
 from inventory import LOCALHOST, load_job
 from inventory.specs import SlurmSpec
-from node_agent.protocol import RESULT_PREFIX
+from node_agent.wire.protocol import RESULT_PREFIX
 from orchestrator.checks import slurm_controller as dc
 from orchestrator.checks import slurm_nodes as ds
 from orchestrator.checks.model import CheckStatus, Finding

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from inventory import LOCALHOST
-from node_agent import facts, probe
+from node_agent.ops import facts, probe
 from orchestrator.checks.gather import close_all
 from orchestrator.remote.agent import AgentResult, call_agent, start_agent
 from orchestrator.remote.session import Session
@@ -44,7 +44,7 @@ def test_missing_interpreter_is_recorded_and_other_facts_still_come(tmp_path: Pa
 
 
 def test_every_sub_fact_this_host_sends_fits_its_declaration(tmp_path: Path) -> None:
-    """What the agent builds is what node_agent/replies_facts.py declares: each sub-fact this machine
+    """What the agent builds is what node_agent/wire/replies_facts.py declares: each sub-fact this machine
     answers decodes (none is malformed)."""
     (tmp_path / "train.py").write_bytes(b"pass\n")
     select = [n for n in facts.registry() if n not in ("torch", "prune")]  # importing torch takes seconds
@@ -346,7 +346,7 @@ def test_each_gpu_process_comes_with_its_user_and_ddpctl_job(monkeypatch: pytest
 
 def test_one_connect_round_dials_every_target_from_one_thread_and_keeps_their_order(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from node_agent.probe import connect_all
+    from node_agent.ops.probe import connect_all
 
     started: list[threading.Thread] = []
     real_start = threading.Thread.start

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from node_agent import factparse
+from node_agent.host import factparse
 
 IP_ADDR_NETNS = (
     '[{"ifindex":1,"ifname":"lo","flags":["LOOPBACK","UP","LOWER_UP"],"operstate":"UNKNOWN",'

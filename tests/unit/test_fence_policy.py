@@ -1,4 +1,4 @@
-"""No attempt beside a lost one (orchestrator/restarts/fence.py, node_agent/attempt_mark.py): a lost
+"""No attempt beside a lost one (orchestrator/restarts/fence.py, node_agent/runtime/attempt_mark.py): a lost
 host is reached again and its part ended, or waited out until its own bound; every host an attempt
 lost is charged; a stale attempt can tell it no longer owns checkpoint_dir; a shrunk run says so."""
 
@@ -8,10 +8,10 @@ import os
 import time
 from pathlib import Path
 
-import node_agent.supervisor as supervisor
+import node_agent.runtime.supervisor as supervisor
 from inventory import Host
-from node_agent.attempt_mark import claim, owns, read_mark
-from node_agent.layout import ATTEMPT_MARK
+from node_agent.runtime.attempt_mark import claim, owns, read_mark
+from node_agent.wire.layout import ATTEMPT_MARK
 from orchestrator.errors import HostError, HostErrorKind
 from orchestrator.launch.backends.base import Fenced
 from orchestrator.launch.faults import NODE_FACTOR, NODE_WATCH_EVERY, FaultLimits, fault_table

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from node_agent import gpuhealthparse as parse
-from node_agent.gpuhealth import health_report, query_gpus, read_xids
-from node_agent.replies import wire
+from node_agent.ops import gpuhealthparse as parse
+from node_agent.ops.gpuhealth import health_report, query_gpus, read_xids
+from node_agent.wire.replies import wire
 from orchestrator.checks.gpu_health import GPU_HEALTH, XIDS, gpu_health_findings, pci_key, unreachable
 from orchestrator.checks.model import CheckStatus, Finding
 from orchestrator.errors import HostError, HostErrorKind

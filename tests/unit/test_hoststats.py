@@ -16,11 +16,13 @@ from typing import Any
 import pytest
 from top_fakes import fake_job, install_fake_nvidia_smi, recorded
 
-from node_agent import hoststats, runstate, supervisor, top
-from node_agent.factparse import parse_nvidia_gpu_stats, parse_proc_net_dev
-from node_agent.replies import wire
-from node_agent.replies_top import GpuStat
-from node_agent.requests import SuperviseRequest
+from node_agent.host import hoststats, runstate
+from node_agent.host.factparse import parse_nvidia_gpu_stats, parse_proc_net_dev
+from node_agent.ops import top
+from node_agent.runtime import supervisor
+from node_agent.wire.replies import wire
+from node_agent.wire.replies_top import GpuStat
+from node_agent.wire.requests import SuperviseRequest
 from orchestrator.remote.wire import parse_sample, parse_top
 
 H100 = "NVIDIA H100 80GB HBM3"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from node_agent.ifname import (
+from node_agent.host.ifname import (
     IfSpec,
     is_suspicious,
     match_gloo,

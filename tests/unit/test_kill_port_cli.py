@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from inventory import LOCALHOST, Host
-from node_agent.runstate import alive
+from node_agent.host.runstate import alive
 from orchestrator.cli import app
 from orchestrator.commands import kill_port
 from orchestrator.hostops.killport import free_port

@@ -17,7 +17,7 @@ import pytest
 from typer.testing import CliRunner
 
 from inventory import Host
-from node_agent.runstate import proc_start_ticks
+from node_agent.host.runstate import proc_start_ticks
 from orchestrator.cli import app
 from orchestrator.errors import HostError
 from orchestrator.hostops.jobs import job_logs, merge_logs

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from node_agent.nccl_log import parse_files, parse_lines
+from node_agent.runtime.nccl_log import parse_files, parse_lines
 
 SOCKET_RUN = """\
 node0:2201:2201 [0] NCCL INFO Bootstrap : Using eth0:198.18.0.10<0>

@@ -1,4 +1,4 @@
-"""node_agent.ports against the real kernel: /proc/net parsing, rule precedence, tree bounds, unseen holders."""
+"""node_agent.ops.ports against the real kernel: /proc/net parsing, rule precedence, tree bounds, unseen holders."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from node_agent import ports
-from node_agent.runstate import alive
+from node_agent.host.runstate import alive
+from node_agent.ops import ports
 from tests.unit.ports_listeners import NOBODY, SYSTEM_PYTHON, fake_torchrun_argv, listening, reap, started, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -120,7 +120,7 @@ def test_a_holder_this_user_cannot_see_is_not_reported_free() -> None:
     must not be told the port is free: the LISTEN row of /proc/net/tcp is reported as unseen."""
     needs_root_and_system_python()
     with listening() as ln:  # held by root, looked at by nobody
-        code = ("import json, sys; sys.path.insert(0, sys.argv[1]); from node_agent import ports; "
+        code = ("import json, sys; sys.path.insert(0, sys.argv[1]); from node_agent.ops import ports; "
                 "print(json.dumps(ports.find_owners(int(sys.argv[2]))))")
         run = subprocess.run([*NOBODY, SYSTEM_PYTHON, "-c", code, str(ROOT), str(ln.port)],
                              capture_output=True, text=True, timeout=60)

@@ -1,4 +1,4 @@
-"""node_agent.ports in-process against real holders: listeners, process trees, other users, TIME_WAIT."""
+"""node_agent.ops.ports in-process against real holders: listeners, process trees, other users, TIME_WAIT."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from inventory import Host
-from node_agent import ports
-from node_agent.runstate import alive
+from node_agent.host.runstate import alive
+from node_agent.ops import ports
 from orchestrator.remote.agent import call_agent
 from orchestrator.remote.transport import LocalTransport
 from tests.unit.ports_listeners import (

@@ -1,4 +1,4 @@
-"""Pure parts of node_agent.ports: /proc/net tables, addresses, torchrun detection, refusal rules."""
+"""Pure parts of node_agent.ops.ports: /proc/net tables, addresses, torchrun detection, refusal rules."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from node_agent.ports import CLK_TCK, _addr, is_torchrun, parse_proc_net, refusal, unseen_sockets
+from node_agent.ops.ports import CLK_TCK, _addr, is_torchrun, parse_proc_net, refusal, unseen_sockets
 from orchestrator.remote.wire import parse_report
 
 HEADER = ("  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n")
@@ -140,8 +140,8 @@ def test_unseen_sockets(holders: list[dict[str, Any]], unseen: list[str]) -> Non
 
 
 def test_parse_report_of_a_kill() -> None:
-    from node_agent.ports import report
-    from node_agent.replies_ports import KilledProcess, RefusedProcess
+    from node_agent.ops.ports import report
+    from node_agent.wire.replies_ports import KilledProcess, RefusedProcess
 
     info = {"port": 29489, "proto": "tcp", "owners": [
         {"pid": 5, "user": "alice", "cmdline": ["python", "-c", "a\n  b"], "name": "python", "age_s": 3.0,

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from node_agent.probe import REDIAL_AT, connect_all
+from node_agent.ops.probe import REDIAL_AT, connect_all
 
 
 @contextmanager

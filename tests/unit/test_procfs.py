@@ -1,4 +1,4 @@
-"""node_agent.procfs: /proc/<pid>/stat lines (recorded, then live) parsed into ProcStat."""
+"""node_agent.host.procfs: /proc/<pid>/stat lines (recorded, then live) parsed into ProcStat."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from node_agent.procfs import ProcStat, parse_stat, read_stat
+from node_agent.host.procfs import ProcStat, parse_stat, read_stat
 
 # The fields after the comm, as a Linux 6.x kernel wrote them (cat's own line: state R ... starttime 131874).
 TAIL = ("R 31425 31425 10003 0 -1 4194304 99 0 0 0 0 0 0 0 20 0 1 0 131874 3133440 359 18446744073709551615 "

@@ -18,9 +18,10 @@ from typer.testing import CliRunner
 
 from inventory import ConfigError, load_inventory
 from inventory.model import DEFAULT_KEEP_RUNS
-from node_agent import facts, ranklogs
-from node_agent.prune import prune_runs
-from node_agent.prunerule import RunDir, doomed
+from node_agent.ops import facts
+from node_agent.ops.prune import prune_runs
+from node_agent.ops.prunerule import RunDir, doomed
+from node_agent.runtime import ranklogs
 from orchestrator.cli import app
 from orchestrator.hostops import prune as hostprune
 from orchestrator.hostops.runrecord import RunRecord, write_record
@@ -213,7 +214,7 @@ def test_here_never_a_run_whose_up_lives_nor_a_detached_run_that_may_run(tmp_pat
 
 
 def test_the_summary_is_one_line_per_host() -> None:
-    from node_agent.replies_jobs import PrunedRun, PruneReport
+    from node_agent.wire.replies_jobs import PrunedRun, PruneReport
 
     report = PruneReport("/x", (PrunedRun("a", 100_000_000, 1), PrunedRun("b", 20_000_000, 1),
                                 PrunedRun("c", 0, 1)), 5, ())

@@ -1,9 +1,9 @@
-"""torchrun's SignalException traceback becomes one line (node_agent/quiet.py); every other line,
+"""torchrun's SignalException traceback becomes one line (node_agent/runtime/quiet.py); every other line,
 and every other traceback, passes as it was."""
 
 from __future__ import annotations
 
-from node_agent.quiet import QuietSignalTracebacks
+from node_agent.runtime.quiet import QuietSignalTracebacks
 
 SIGNALLED = b"""Traceback (most recent call last):
   File "/venv/bin/torchrun", line 8, in <module>

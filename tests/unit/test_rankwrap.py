@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-import node_agent.rankwrap as rankwrap
+import node_agent.rank.rankwrap as rankwrap
 
 WRAPPER = Path(rankwrap.__file__)
 

@@ -1,4 +1,4 @@
-"""The rank wrapper's watch side (node_agent/rankwrap.py), on a real single-process gloo DDP job run
+"""The rank wrapper's watch side (node_agent/rank/rankwrap.py), on a real single-process gloo DDP job run
 through it as torchrun would: its `step` record's window (step times and DDP's own timings) and
 the total the job states, and the dump its side thread writes on request (the main thread's stack
 and the flight recorder's collectives)."""
@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-import node_agent.rankwrap as rankwrap
+import node_agent.rank.rankwrap as rankwrap
 from orchestrator.hostops.collectives import RankRecords, parse_entries, verdict
 
 pytest.importorskip("torch")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from inventory import LOCALHOST
-from node_agent.protocol import EVENT_PREFIX, RESULT_PREFIX
+from node_agent.wire.protocol import EVENT_PREFIX, RESULT_PREFIX
 from orchestrator.errors import HostError, HostErrorKind
 from orchestrator.remote.agent import AgentEvent, AgentResult, call_agent, decode, decode_chunk, parse_reply
 from orchestrator.remote.transport import CommandResult, LocalTransport, OutputLine

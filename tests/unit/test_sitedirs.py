@@ -1,4 +1,4 @@
-"""node_agent/sitedirs.py: the site-packages a `python -S` agent would have had, found without site."""
+"""node_agent/host/sitedirs.py: the site-packages a `python -S` agent would have had, found without site."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # The site-packages directories on sys.path after a normal start (.pth additions are not among them).
 NORMAL = ("import json, sys; print(json.dumps([p for p in sys.path "
           "if p.endswith(('site-packages', 'dist-packages'))]))")
-BARE = (f"import json, sys; sys.path.insert(0, {str(ROOT)!r}); from node_agent.sitedirs import site_packages; "
+BARE = (f"import json, sys; sys.path.insert(0, {str(ROOT)!r}); from node_agent.host.sitedirs import site_packages; "
         "print(json.dumps(site_packages()))")
 
 
@@ -43,6 +43,7 @@ def test_an_agent_without_site_still_finds_psutil_where_the_interpreter_has_it()
     """The agent runs as `python -S` (orchestrator/remote/agent.py); ports.py reads owners from
     psutil when the interpreter has it installed."""
     has = subprocess.run([sys.executable, "-c", "import psutil"], capture_output=True).returncode == 0
-    code = f"import sys; sys.path.insert(0, {str(ROOT)!r}); import node_agent.ports as p; print(p.psutil is not None)"
+    code = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); import node_agent.ops.ports as p; "
+            "print(p.psutil is not None)")
     out = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == str(has)

@@ -14,7 +14,7 @@ import pytest
 from inventory import load_job
 from inventory.slurm_table import node_hosts, nproc_for
 from inventory.specs import SlurmSpec
-from node_agent.layout import slurm_state_dir as state_dir
+from node_agent.wire.layout import slurm_state_dir as state_dir
 from orchestrator.launch.backends.slurm import batch_request, exit_code_of
 from orchestrator.launch.backends.slurm_script import render_batch, sbatch_argv
 from orchestrator.launch.options import LaunchOptions

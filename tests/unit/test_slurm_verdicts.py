@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 from inventory import load_job
-from node_agent.protocol import EVENT_PREFIX, RESULT_PREFIX
-from node_agent.replies import wire
-from node_agent.supervisor import rank_phase
+from node_agent.runtime.supervisor import rank_phase
+from node_agent.wire.protocol import EVENT_PREFIX, RESULT_PREFIX
+from node_agent.wire.replies import wire
 from orchestrator.launch.backends import slurm as slurm_backend
 from orchestrator.launch.backends.slurm import SlurmBackend, Submission
 from orchestrator.launch.backends.slurm_events import (

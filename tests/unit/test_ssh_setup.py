@@ -19,7 +19,7 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from inventory import LOCALHOST, ConfigError, Host
-from node_agent.authkeys import authorize, key_of, to_append
+from node_agent.ops.authkeys import authorize, key_of, to_append
 from orchestrator.cli import app
 from orchestrator.commands.ssh_setup import read_passwords, render, to_json
 from orchestrator.errors import HostError, HostErrorKind
@@ -121,7 +121,7 @@ def test_authorize_keeps_existing_lines_and_modes_and_reports_them(tmp_path: Pat
 
 def test_hosts_sharing_one_home_add_the_key_once(tmp_path: Path) -> None:
     """NFS homes: every host's agent appends to the same file at once; the lock keeps one line."""
-    code = ("import sys; from node_agent.authkeys import authorize; "
+    code = ("import sys; from node_agent.ops.authkeys import authorize; "
             "print(authorize(sys.argv[1], sys.argv[2])['status'])")
     procs = [subprocess.Popen([sys.executable, "-c", code, f"{ED} host{i}", str(tmp_path)], cwd=ROOT,
                               stdout=subprocess.PIPE, text=True) for i in range(8)]
@@ -131,7 +131,7 @@ def test_hosts_sharing_one_home_add_the_key_once(tmp_path: Path) -> None:
 
 
 def test_authorize_key_op_reports_an_unwritable_home_as_failed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from node_agent import authkeys
+    from node_agent.ops import authkeys
 
     missing = tmp_path / "no" / "such" / "home"
     monkeypatch.setattr(authkeys, "_home", lambda: str(missing))

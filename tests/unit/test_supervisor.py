@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from inventory import LOCALHOST
-from node_agent.runstate import alive
+from node_agent.host.runstate import alive
 from orchestrator.remote.agent import AgentResult, AgentStream, start_agent
 from orchestrator.remote.transport import LocalTransport, OutputLine
 

@@ -12,7 +12,7 @@ import pytest
 
 from inventory import ConfigError, Host, Inventory, Job, load_job
 from inventory.specs import SyncSpec
-from node_agent.syncdest import manifest, unpack
+from node_agent.ops.syncdest import manifest, unpack
 from orchestrator.errors import HostsFailed
 from orchestrator.launch import core
 from orchestrator.launch.observer import Collected

@@ -18,10 +18,10 @@ import pytest
 
 from inventory import Host
 from inventory.specs import SyncSpec
-from node_agent import syncdest
-from node_agent.layout import SYNC_RECORD_DIR as RECORD_DIR
-from node_agent.protocol import EVENT_PREFIX, RESULT_PREFIX
-from node_agent.syncdest import manifest, unpack
+from node_agent.ops import syncdest
+from node_agent.ops.syncdest import manifest, unpack
+from node_agent.wire.layout import SYNC_RECORD_DIR as RECORD_DIR
+from node_agent.wire.protocol import EVENT_PREFIX, RESULT_PREFIX
 from orchestrator.errors import HostError
 from orchestrator.remote.pool import HostPool
 from orchestrator.sync.core import HostSync, sync_job

@@ -1,4 +1,4 @@
-"""SIGTERM, grace, SIGKILL on real processes: node_agent.terminate and end_job, its job-id user."""
+"""SIGTERM, grace, SIGKILL on real processes: node_agent.host.terminate and end_job, its job-id user."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import subprocess
 import sys
 from collections.abc import Iterator
 
-from node_agent.procfs import alive
-from node_agent.runstate import JobScan, end_job
-from node_agent.terminate import terminate
+from node_agent.host.procfs import alive
+from node_agent.host.runstate import JobScan, end_job
+from node_agent.host.terminate import terminate
 from tests.unit.ports_listeners import reap
 
 SLEEPER = "import time; print('ready', flush=True); time.sleep(600)"

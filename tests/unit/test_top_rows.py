@@ -11,7 +11,7 @@ import pytest
 from top_fakes import fake_job, install_fake_nvidia_smi, recorded
 from typer.testing import CliRunner
 
-from node_agent.factparse import parse_nvidia_gpu_stats
+from node_agent.host.factparse import parse_nvidia_gpu_stats
 from orchestrator.cli import app
 from orchestrator.commands import top as top_command
 from orchestrator.errors import HostError, HostErrorKind

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from inventory import LOCALHOST, Host, Inventory, Job
-from node_agent import facts as agent_facts
-from node_agent import torch_facts
+from node_agent.ops import facts as agent_facts
+from node_agent.ops import torch_facts
 from orchestrator.checks import catalog
 from orchestrator.checks.context import from_job
 from orchestrator.checks.gather import facts_request
@@ -47,7 +47,7 @@ def test_the_agents_own_interpreter_finds_torch_in_process_without_importing_it(
             "import subprocess\n"
             "def no_child(*a, **k): raise AssertionError('a child was started')\n"
             "subprocess.run = no_child\n"
-            "from node_agent.torch_facts import fact_torch_lookup\n"
+            "from node_agent.ops.torch_facts import fact_torch_lookup\n"
             "found = fact_torch_lookup({'python': sys.executable})\n"
             "print(json.dumps([found, 'torch' in sys.modules]))")
     out = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, check=True)

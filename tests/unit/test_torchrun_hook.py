@@ -1,4 +1,4 @@
-"""node_agent/torchrun.py's record of a rank that a signal ended without an error of its own: what
+"""node_agent/rank/torchrun.py's record of a rank that a signal ended without an error of its own: what
 only torchrun (the rank's parent, which reaps it) or a look at its zombie can tell."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from node_agent.torchrun import STOPPING, record_killed
+from node_agent.rank.torchrun import STOPPING, record_killed
 
 
 @pytest.fixture

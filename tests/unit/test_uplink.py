@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 
 from inventory import LOCALHOST
-from node_agent import ranklogs, uplink
-from node_agent.runstate import alive
+from node_agent.host.runstate import alive
+from node_agent.runtime import ranklogs, uplink
 from orchestrator.remote.agent import AgentEvent, AgentResult, AgentStream, agent_argv, request_bytes, start_agent
 from orchestrator.remote.transport import LocalTransport
 

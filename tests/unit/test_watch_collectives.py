@@ -18,7 +18,7 @@ WHERE = "`load_batch` at train.py:88"
 
 def entry(seq: int, op: str = "all_reduce", retired: bool = True, pg: Sequence[str] = DEFAULT_PG,
           backend: str = "gloo", p2p: bool = False) -> dict[str, Any]:
-    """One entry as the rank wrapper writes it into its dump (node_agent/rankwrap.py FR_KEYS)."""
+    """One entry as the rank wrapper writes it into its dump (node_agent/rank/rankwrap.py FR_KEYS)."""
     return {"collective_seq_id": 0 if p2p else seq, "p2p_seq_id": seq if p2p else 0, "pg_id": int(pg[0]),
             "process_group": list(pg), "profiling_name": f"{backend}:{op}", "retired": retired, "is_p2p": p2p,
             "input_sizes": [[3]]}

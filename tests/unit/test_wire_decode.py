@@ -1,4 +1,4 @@
-"""The one decoder of the node agent's replies: each reply dataclass (node_agent/replies.py), built
+"""The one decoder of the node agent's replies: each reply dataclass (node_agent/wire/replies.py), built
 as the agent builds it and serialised as the agent sends it, decodes to an equal object; a reply
 that does not fit its class is the host's HostError."""
 
@@ -10,9 +10,10 @@ from typing import Any
 
 import pytest
 
-from node_agent import facts, replies_jobs, replies_ports, replies_run, replies_top
-from node_agent.replies import wire
-from node_agent.supervisor import rank_phase
+from node_agent.ops import facts
+from node_agent.runtime.supervisor import rank_phase
+from node_agent.wire import replies_jobs, replies_ports, replies_run, replies_top
+from node_agent.wire.replies import wire
 from orchestrator.errors import HostError, HostErrorKind
 from orchestrator.remote.wire import Facts, decode, decode_log_event, parse_facts, parse_settled, parse_supervise
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from node_agent.runstate import proc_start_ticks
+from node_agent.host.runstate import proc_start_ticks
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "nvidia_smi"
 EXIT_CODES: dict[str, int] = json.loads((FIXTURES / "exit_codes.json").read_text())

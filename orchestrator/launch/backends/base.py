@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from inventory import Host, Job
-from node_agent.requests import SuperviseRequest
+from node_agent.wire.requests import SuperviseRequest
 from orchestrator.checks.model import ProbeResults
 from orchestrator.errors import HostError
 from orchestrator.hostops.stacks import StacksReport
@@ -64,7 +64,7 @@ class DetachReport:
 
 def supervise_request(plan: LaunchPlan, launch: HostLaunch, options: LaunchOptions,
                       detach: bool) -> SuperviseRequest:
-    """What a node's supervisor (node_agent/supervisor.py) is asked to run."""
+    """What a node's supervisor (node_agent/runtime/supervisor.py) is asked to run."""
     return SuperviseRequest(
         job_id=plan.job_id, job_name=plan.job.name, run_id=plan.run_id or "", node_rank=launch.node_rank,
         launcher=tuple(launch.launcher), program=tuple(launch.program), env=dict(launch.env), cwd=launch.cwd,

@@ -15,14 +15,14 @@ from pathlib import Path
 from inventory import Host, Job
 from inventory.slurm_table import DEFAULT_BASE_PORT, node_hosts, nproc_for
 from inventory.specs import SlurmSpec
-from node_agent.layout import (
+from node_agent.wire.layout import (
     SLURM_DOWN_MARK,
     SLURM_FOLLOW_PATTERN,
     SLURM_NODE_FILE,
     SLURM_REQUEUE_FILE,
     slurm_state_dir,
 )
-from node_agent.replies import wire
+from node_agent.wire.replies import wire
 from orchestrator.checks.model import CheckStatus, ProbeResults
 from orchestrator.checks.slurm_nodes import controller_findings, reprobe_job
 from orchestrator.errors import HostError
@@ -430,7 +430,7 @@ class SlurmBackend:
     def stop(self, hosts: Sequence[str], force: bool, failed: bool = False) -> None:
         """Slurm stops a job as a whole: scancel (SIGTERM to every node, SIGKILL after KillWait);
         force sends SIGKILL now. A failed job is cancelled the same way (a node's own failed rank
-        ends its torchrun at once: node_agent/supervisor.py)."""
+        ends its torchrun at once: node_agent/runtime/supervisor.py)."""
         with self.lock:
             sub = self.submitted
         if sub is None:

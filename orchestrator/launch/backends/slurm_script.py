@@ -13,7 +13,7 @@ from __future__ import annotations
 import shlex
 
 from inventory.specs import SlurmSpec
-from node_agent.layout import SLURM_JOB_COMMENT, SLURM_PORT_SPREAD, SLURM_PORT_TRIES
+from node_agent.wire.layout import SLURM_JOB_COMMENT, SLURM_PORT_SPREAD, SLURM_PORT_TRIES
 from orchestrator.launch.plan import SLURM_RDZV_ENV, LaunchPlan
 
 

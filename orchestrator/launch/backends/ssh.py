@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from inventory import Host, Job
 from inventory.gpus import check_job_env
-from node_agent.replies import wire
+from node_agent.wire.replies import wire
 from orchestrator.checks.context import from_job
 from orchestrator.checks.gather import close_all, open_sessions, run_probe
 from orchestrator.checks.model import ProbeResults

@@ -51,7 +51,7 @@ if not codes:
     codes = {}
     try:
         if not tag or sys.flags.dont_write_bytecode:
-            raise OSError(0, "this interpreter writes no bytecode")
+            raise OSError(0, "")
         os.makedirs(base, mode=0o700, exist_ok=True)
         tmp = "%s.%d" % (path, os.getpid())
         try:
@@ -69,7 +69,7 @@ if not codes:
             if old.startswith("agent-") and os.stat(os.path.join(base, old)).st_mtime < now - 14 * 86400:
                 os.remove(os.path.join(base, old))
     except OSError as e:
-        state = "not written: %s" % (e.strerror or e)
+        state = "not written: %s" % e.strerror if e.errno else "not kept: no bytecode here (PYTHONDONTWRITEBYTECODE)"
     if not int(size):
         sys.stdout.write("@@DDPCTL-EVENT@@ %s\n" % json.dumps({"event": "agent", "state": state}))
 names = codes or sources()
