@@ -1,5 +1,6 @@
-"""The Python entry point: `up(job, **overrides) -> RunResult` and `plan(...)`, for notebooks and
-sweep scripts. The same launch core as `ddpctl up`; bad input raises the same located
+"""The Python entry point: `up(job, **overrides) -> RunResult`, `plan(...)` and
+`doctor(job, ...) -> DoctorReport` (orchestrator/doctor/runner.py), for notebooks and sweep
+scripts. The same launch core as `ddpctl up`; bad input raises the same located
 `ConfigError` the CLI prints, a host failure a `HostError` / `HostsFailed`, a busy master port
 `LaunchBlocked`.
 
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Literal
 
 from inventory import ConfigError, Job, JobOverrides, NprocSpec, apply_overrides, load_job
+from orchestrator.doctor.runner import DoctorReport, doctor
 from orchestrator.launch import core
 from orchestrator.launch.backends.choose import backend_for
 from orchestrator.launch.observer import Observer, Plain
@@ -22,8 +24,10 @@ from orchestrator.launch.options import LaunchOptions, OnHang
 from orchestrator.launch.plan import LaunchPlan
 from orchestrator.launch.result import RunResult
 from orchestrator.remote.pool import make_pool
-from orchestrator.remote.ssh_options import DEFAULT_PARALLEL, Connection, SshOptions
+from orchestrator.remote.ssh_options import DEFAULT_PARALLEL, connection_of
 from orchestrator.run_up import Finished, UpRequest, run_up
+
+__all__ = ["DoctorReport", "doctor", "load", "plan", "up"]
 
 JobSpec = Job | str | Path
 
@@ -42,15 +46,6 @@ def load(job: JobSpec, *, nproc_per_node: NprocSpec | None = None, master_port: 
     if isinstance(job, Job):
         return apply_overrides(job, overrides)
     return load_job(Path(job), overrides)
-
-
-def _connection(ssh_config: str | Path | None, known_hosts: Sequence[str | Path], accept_new_host_keys: bool,
-                parallel: int, connect_timeout: float) -> Connection:
-    """The keywords that mirror the CLI's SSH flags, as the one object the pool takes."""
-    ssh = SshOptions(ssh_config=Path(ssh_config) if ssh_config is not None else None,
-                     known_hosts=tuple(Path(p) for p in known_hosts), accept_new_host_keys=accept_new_host_keys,
-                     connect_timeout=connect_timeout)
-    return Connection(ssh, parallel)
 
 
 def up(job: JobSpec, *, nproc_per_node: NprocSpec | None = None, master_port: int | str | None = None,
@@ -76,7 +71,7 @@ def up(job: JobSpec, *, nproc_per_node: NprocSpec | None = None, master_port: in
     options = LaunchOptions(grace=grace, hang_timeout=hang_timeout, on_hang=on_hang, nccl_debug=nccl_debug,
                             free_port=free_port, runs_dir=Path(runs_dir), checks=checks, join_timeout=join_timeout,
                             lost_after=lost_after, sync=sync)
-    connection = _connection(ssh_config, known_hosts, accept_new_host_keys, parallel, connect_timeout)
+    connection = connection_of(ssh_config, known_hosts, accept_new_host_keys, parallel, connect_timeout)
     request = UpRequest(options, connection, max_restarts=0)  # one attempt: docs/python-api.md
     outcome = run_up(spec, request, observer or Plain(spec.watch.pulse))
     assert isinstance(outcome, Finished), outcome  # neither a dry run nor detached, no restarts
@@ -92,6 +87,6 @@ def plan(job: JobSpec, *, nproc_per_node: NprocSpec | None = None, master_port: 
     hosts only when the job needs them (nproc "gpu"/"cpu"/"auto", master_port "auto"). A Slurm
     job's plan has nodes node0.. in Slurm's task order."""
     spec = load(job, nproc_per_node=nproc_per_node, master_port=master_port, env=env, hosts=hosts)
-    connection = _connection(ssh_config, known_hosts, accept_new_host_keys, parallel, connect_timeout)
+    connection = connection_of(ssh_config, known_hosts, accept_new_host_keys, parallel, connect_timeout)
     with make_pool(connection) as pool:
         return core.plan_job(spec, backend_for(pool, spec))

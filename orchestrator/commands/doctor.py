@@ -10,10 +10,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from inventory import ConfigError, Inventory, Job, JobOverrides, load_job
+from inventory import ConfigError
 from orchestrator.commands.common import InventoryOpt, JsonOpt, console, err_console, handle_errors, ssh_flags
-from orchestrator.doctor.runner import LaunchPathChecks, check_hosts
-from orchestrator.hostops.targets import inventory_at
+from orchestrator.doctor.runner import DoctorRequest, LaunchPathChecks, load_target, run
 from orchestrator.remote.ssh_options import Connection
 
 if TYPE_CHECKING:
@@ -29,17 +28,6 @@ NoCacheOpt = Annotated[bool, typer.Option("--no-cache", help="Re-import torch on
                                           "instead of reusing its cached facts.")]
 TimeoutOpt = Annotated[float, typer.Option("--timeout", min=1.0,
                                            help="Seconds for each host's facts round trip.")]
-
-
-def load_target(job_file: Path | None, inventory: Path | None,
-                master_port: int | None) -> Job | Inventory:
-    """What doctor checks: the job file, else the inventory (else this machine)."""
-    if job_file is not None and inventory is not None:
-        raise ConfigError("give a job file or --inventory, not both", key="--inventory",
-                          hint="the job file names its inventory; drop -i")
-    if job_file is not None:
-        return load_job(job_file, JobOverrides(master_port=master_port) if master_port else None)
-    return inventory_at(inventory)
 
 
 SmokeOpt = Annotated[bool, typer.Option(
@@ -107,7 +95,7 @@ def doctor_command(
             err_console.print(f"[dim]doctor: {escape(text)}[/]")
 
     launch_path = LaunchPathChecks(smoke, bandwidth, deep, max_bytes, runs_dir)
-    checked = check_hosts(target, connection, master_port, timeout, not no_cache, launch_path, notice)
+    checked = run(DoctorRequest(target, connection, master_port, timeout, not no_cache, launch_path), notice)
     for warning in checked.ledger_warnings:
         err_console.print(f"[yellow]ddpctl: {escape(warning)}[/]")
     from orchestrator.checks.render import render, to_json

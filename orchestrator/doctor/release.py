@@ -11,7 +11,7 @@ from pathlib import Path
 
 from inventory import ConfigError, Host, Inventory
 from orchestrator.checks.model import CheckStatus, Finding, Report
-from orchestrator.doctor.runner import LaunchPathChecks, check_hosts
+from orchestrator.doctor.runner import DoctorRequest, LaunchPathChecks, run
 from orchestrator.hostops.hostbook import Released, hosts_view, release_host
 from orchestrator.hostops.ledger import Ledger
 from orchestrator.hostops.quarantine import HostState
@@ -61,8 +61,8 @@ def release_with_check(inventory: Inventory, name: str, connection: Connection, 
     partners = good[:PARTNERS]
     subset = replace(inventory, hosts=(partners[0], host, *partners[1:]))
     notice(f"measuring {host.name} against {', '.join(h.name for h in partners)} (doctor --deep)")
-    checked = check_hosts(subset, connection, None, timeout, True, LaunchPathChecks(deep=True, runs_dir=runs_dir),
-                          notice)
+    checked = run(DoctorRequest(subset, connection, timeout=timeout,
+                                launch_path=LaunchPathChecks(deep=True, runs_dir=runs_dir)), notice)
     report = checked.report
     held = tuple(f for f in report.findings if f.status in (CheckStatus.WARN, CheckStatus.FAIL)
                  and (f.host == host.name or (f.host is None and f.status is CheckStatus.FAIL)))

@@ -4,7 +4,7 @@ a command makes its pool, and dials its hosts (predial.py), before paramiko and 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -43,6 +43,16 @@ class Connection:
     def recording(self, on_new_host_key: Callable[[RecordedHostKey], None]) -> Connection:
         """The same connection, telling `on_new_host_key` of every host key accept-new records."""
         return replace(self, ssh=replace(self.ssh, on_new_host_key=on_new_host_key))
+
+
+def connection_of(ssh_config: str | Path | None = None, known_hosts: Sequence[str | Path] = (),
+                  accept_new_host_keys: bool = False, parallel: int = DEFAULT_PARALLEL,
+                  connect_timeout: float = 10.0) -> Connection:
+    """The Python API's keywords that mirror the CLI's SSH flags, as the one object the pool takes."""
+    ssh = SshOptions(ssh_config=Path(ssh_config) if ssh_config is not None else None,
+                     known_hosts=tuple(Path(p) for p in known_hosts), accept_new_host_keys=accept_new_host_keys,
+                     connect_timeout=connect_timeout)
+    return Connection(ssh, parallel)
 
 
 def config_files(path: Path | None) -> list[Path]:
