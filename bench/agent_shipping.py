@@ -11,7 +11,8 @@ process's (user + system, RUSAGE_CHILDREN), median over the calls.
 
 On the cluster (--sizes, default 16 32; --no-cluster skips it): each size --repeat rounds of
 pdsh, doctor (this tree) and doctor (the other), the order turning each round; the medians and
-the median per-run ratio. Prints figures; asserts nothing.
+the median per-run ratio. Then at --up-sizes, --up-rounds rounds of `ddpctl up` of the toy job
+(each tree's) and the manual recipe (bench/launch_teardown.py). Prints figures; asserts nothing.
 """
 
 from __future__ import annotations
@@ -94,8 +95,8 @@ def cluster_rounds(trees: dict[str, Ddpctl], sizes: list[int], repeat: int, tmp:
               + "   (medians of the runs; the ratio: median per-run doctor ÷ pdsh)")
         for n in sizes:
             inventory = write_inventory(cluster, n, tmp / f"hosts{n}.toml", python)
-            argv = {name: [*d.argv("doctor", "-i", str(inventory), "--ssh-config", str(cluster.ssh_config),
-                                   "--json")] for name, d in trees.items()}
+            argv = {name: [sys.executable, "-P", "-m", "orchestrator", "doctor", "-i", str(inventory),
+                           "--ssh-config", str(cluster.ssh_config), "--json"] for name in trees}
             envs = {name: {**user_env(), "PYTHONPATH": str(d.tree)} for name, d in trees.items()}
             for name in reversed(list(trees)):  # warm: torch facts and each tree's agent cached
                 timed(argv[name], envs[name])
@@ -113,6 +114,28 @@ def cluster_rounds(trees: dict[str, Ddpctl], sizes: list[int], repeat: int, tmp:
             print(f"{n:>5}  {pdsh:>6.2f}s  " + "  ".join(cells), flush=True)
 
 
+def up_rounds(trees: dict[str, Ddpctl], n: int, rounds: int, cap: float, tmp: Path) -> None:
+    """`ddpctl up` of the toy job (each tree's) beside the same torchrun by parallel `ssh`
+    (bench/launch_teardown.py's manual recipe), the order turning each round."""
+    from bench.launch_teardown import Runner
+
+    with start_cluster(n, tmp / f"up-cluster-{n}") as cluster:
+        runner = Runner(cluster, tmp, cap, {name: d.tree for name, d in trees.items()})
+        order = ["manual", *trees]
+        walls: dict[str, list[float]] = {mode: [] for mode in order}
+        for i in range(rounds):
+            for mode in order[i % len(order):] + order[:i % len(order)]:
+                took, _ = runner.short(mode)
+                if took is None:
+                    raise SystemExit(f"{mode}: the toy job failed or ran past {cap:.0f} s at {n} hosts")
+                walls[mode].append(took)
+        manual = statistics.median(walls["manual"])
+        cells = [f"{name} {statistics.median(walls[name]):6.1f}s ÷ manual "
+                 f"{statistics.median(d / m for d, m in zip(walls[name], walls['manual'], strict=True)):.2f}"
+                 for name in trees]
+        print(f"{n:>5}  manual {manual:6.1f}s   " + "   ".join(cells), flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--before", default=BEFORE, metavar="TREE_OR_REV", help=DDPCTL_HELP)
@@ -120,6 +143,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", nargs="+", type=int, default=[16, 32])
     parser.add_argument("--repeat", type=int, default=5, help="rounds per size on the cluster")
     parser.add_argument("--no-cluster", action="store_true", help="the per-call figures only")
+    parser.add_argument("--up-sizes", nargs="*", type=int, default=[16],
+                        help="`up` ÷ manual at these sizes, a cluster each (none: skip)")
+    parser.add_argument("--up-rounds", type=int, default=2)
+    parser.add_argument("--cap", type=float, default=240.0, help="seconds a toy job may take")
     opts = parser.parse_args(argv)
     with contextlib.ExitStack() as stack:
         trees = {"this tree": Ddpctl(None, stack), "before": Ddpctl(opts.before, stack)}
@@ -135,6 +162,10 @@ def main(argv: list[str] | None = None) -> int:
             tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="agent-shipping-")))
             os.chmod(tmp, 0o755)
             cluster_rounds(trees, sorted(opts.sizes), opts.repeat, tmp)
+            if opts.up_sizes:
+                print("\n`ddpctl up` of a short job ÷ the same torchrun by parallel ssh (medians; per-run ratio)")
+            for n in opts.up_sizes:
+                up_rounds(trees, n, opts.up_rounds, opts.cap, tmp)
     return 0
 
 

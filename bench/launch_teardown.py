@@ -119,14 +119,17 @@ def manual(cluster: Cluster, job_id: str, port: int, args: list[str]) -> list[su
     return procs
 
 
-def via_ddpctl(cluster: Cluster, tmp: Path, name: str, port: int,
-               args: list[str]) -> tuple[subprocess.Popen[str], Path]:
+def via_ddpctl(cluster: Cluster, tmp: Path, name: str, port: int, args: list[str],
+               tree: Path | None = None) -> tuple[subprocess.Popen[str], Path]:
+    """`ddpctl up` of the toy job; `tree`: run that ddpctl source tree's (default: this one's)."""
     job = write_job(tmp, cluster, name, args, nproc=1, port=port)
     runs = tmp / "runs" / name
-    proc = subprocess.Popen(ddpctl_argv("up", str(job), "--grace", "3", "--runs-dir", str(runs),
-                                        "--ssh-config", str(cluster.ssh_config)),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                            env=user_env())
+    argv = ddpctl_argv("up", str(job), "--grace", "3", "--runs-dir", str(runs), "--ssh-config", str(cluster.ssh_config))
+    env = user_env()
+    if tree is not None:  # -P: the tree on PYTHONPATH comes first, not the working directory
+        argv, env = [argv[0], "-P", *argv[1:]], {**env, "PYTHONPATH": str(tree)}
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            env=env)
     return proc, runs
 
 
@@ -147,16 +150,17 @@ def kill_all(cluster: Cluster, procs: list[subprocess.Popen[str]], job_id: str) 
 class Runner:
     """One cluster, runs of either launcher; every run gets its own job id and master port."""
 
-    def __init__(self, cluster: Cluster, tmp: Path, cap: float) -> None:
+    def __init__(self, cluster: Cluster, tmp: Path, cap: float, trees: dict[str, Path] | None = None) -> None:
         self.cluster, self.tmp, self.cap = cluster, tmp, cap
+        self.trees = trees or {}  # another mode than "ddpctl" and "manual": `ddpctl up` of that tree
         self.serial = 0
 
     def _start(self, mode: str, args: list[str]) -> tuple[list[subprocess.Popen[str]], Callable[[], str]]:
         self.serial += 1
         port = 29700 + self.serial
         name = f"{mode}-{len(self.cluster.hosts)}-{self.serial}"
-        if mode == "ddpctl":
-            proc, runs = via_ddpctl(self.cluster, self.tmp, name, port, args)
+        if mode == "ddpctl" or mode in self.trees:
+            proc, runs = via_ddpctl(self.cluster, self.tmp, name, port, args, self.trees.get(mode))
             return [proc], lambda: ddpctl_job_id(runs, self.cap)
         job_id = f"manual-{name}-{time.time_ns()}"
         return manual(self.cluster, job_id, port, args), lambda: job_id

@@ -21,7 +21,7 @@ from orchestrator.remote.ssh_options import Connection
 from orchestrator.restarts import detached as detached_restarts
 from orchestrator.restarts import hostledger
 from orchestrator.restarts import loop as restarts
-from orchestrator.watch.monitors import standard_monitors
+from orchestrator.watch.factory import standard_monitors
 
 
 @dataclass(frozen=True)

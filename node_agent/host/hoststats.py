@@ -14,6 +14,7 @@ import os
 import subprocess
 from collections import namedtuple
 
+from node_agent.host.command import run_command
 from node_agent.host.factparse import GPU_STATS_QUERY, parse_nvidia_gpu_stats, parse_proc_net_dev
 from node_agent.host.procfs import read_stat
 from node_agent.host.sitedirs import add_site_packages
@@ -21,19 +22,12 @@ from node_agent.wire.replies_top import GpuStat
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing is for the checker only (node_agent/__init__.py)
-    from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+    from typing import Any, Dict, Iterable, Optional, Sequence, Tuple
 
-    Runner = Callable[[List[str], float], Tuple[int, str]]
+    from node_agent.host.command import Runner
 
 NVIDIA_SMI_TIMEOUT_S = 5.0
 GPU_ARGV = ["nvidia-smi", "--query-gpu=" + GPU_STATS_QUERY, "--format=csv,noheader,nounits"]
-
-
-def run_command(argv: List[str], timeout: float) -> Tuple[int, str]:
-    """(exit code, stdout and stderr together); FileNotFoundError when the program is missing."""
-    proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout,
-                          check=False, text=True, errors="replace")
-    return proc.returncode, proc.stdout or ""
 
 
 # nvidia-smi's answer on this host: its GPUs (GpuStat), the host's error (None), and whether

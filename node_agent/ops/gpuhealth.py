@@ -13,6 +13,7 @@ from __future__ import annotations
 import socket
 import subprocess
 
+from node_agent.host.command import run_command
 from node_agent.host.parallel import run_all
 from node_agent.ops import gpuhealthparse as parse
 from node_agent.wire.replies import wire
@@ -20,9 +21,9 @@ from node_agent.wire.replies_gpu import GpuHealth, GpuHealthReport, XidEvent
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing is for the checker only (node_agent/__init__.py)
-    from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+    from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-    Runner = Callable[[List[str], float], Tuple[int, str]]
+    from node_agent.host.command import Runner
 
 NVIDIA_SMI_TIMEOUT_S = 15.0  # a host with many GPUs, or one that is failing, answers slowly
 LOG_TIMEOUT_S = 10.0
@@ -34,13 +35,6 @@ KERNEL_LOGS = (
     ["journalctl", "-k", "-o", "short-iso", "--since", "-7 days", "--no-pager", "-q"],
 )
 _PARTIAL_JOURNAL = "not seeing messages from other users and the system"
-
-
-def run_command(argv: List[str], timeout: float) -> Tuple[int, str]:
-    """(exit code, stdout and stderr together); FileNotFoundError when the program is missing."""
-    proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout,
-                          check=False, universal_newlines=True, errors="replace")
-    return proc.returncode, proc.stdout or ""
 
 
 def gather(request: Dict[str, Any], control: Any) -> Dict[str, Any]:

@@ -14,6 +14,7 @@ from inventory import ConfigError
 from orchestrator.commands.common import InventoryOpt, JsonOpt, console, err_console, handle_errors, ssh_flags
 from orchestrator.doctor.runner import DoctorRequest, LaunchPathChecks, load_target, run
 from orchestrator.remote.ssh_options import Connection
+from orchestrator.sizes import size_text
 
 if TYPE_CHECKING:
     from orchestrator.doctor.collective import BandwidthReport
@@ -135,16 +136,9 @@ def render_bandwidth(bw: BandwidthReport, out: Console) -> None:
     table = Table("size", "time (us)", "algbw (GB/s)", "busbw (GB/s)",
                   title=f"all_reduce, {bw.table['world_size']} ranks, {bw.table['backend']}")
     for r in bw.table["results"]:
-        table.add_row(_size(r["size_bytes"]), f"{r['time_us']:.1f}", f"{r['algbw_gbps']:.3f}",
+        table.add_row(size_text(r["size_bytes"]), f"{r['time_us']:.1f}", f"{r['algbw_gbps']:.3f}",
                       f"{r['busbw_gbps']:.3f}")
     out.print(table)
-
-
-def _size(n: int) -> str:
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= scale:
-            return f"{n / scale:g} {unit}"
-    return f"{n} B"
 
 
 def render_deep(figures: dict[str, Any], out: Console) -> None:

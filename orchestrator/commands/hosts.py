@@ -15,7 +15,7 @@ from rich.table import Table
 from inventory import ConfigError, Inventory, load_inventory
 from orchestrator.commands.common import InventoryOpt, JsonOpt, console, err_console, handle_errors, ssh_flags
 from orchestrator.hostops.hostbook import HostRow, HostsView, Released, hosts_view, last_fault_text, release_host
-from orchestrator.hostops.quarantine import HostState, duration
+from orchestrator.hostops.quarantine import LedgerState, duration
 from orchestrator.remote.ssh_options import Connection
 
 ReleaseOpt = Annotated[str | None, typer.Option(
@@ -24,7 +24,7 @@ CheckOpt = Annotated[bool, typer.Option(
     "--check", help="With --release: run the deep checks on the host against hosts the ledger knows good, "
     "and release it only if they pass.")]
 RunsDirOpt = Annotated[Path, typer.Option("--runs-dir", help="Where --check's logs go.")]
-STATE_STYLE = {HostState.OK: "green", HostState.SUSPECT: "yellow", HostState.QUARANTINED: "bold red"}
+STATE_STYLE = {LedgerState.OK: "green", LedgerState.SUSPECT: "yellow", LedgerState.QUARANTINED: "bold red"}
 
 
 @handle_errors
@@ -137,10 +137,10 @@ def print_view(view: HostsView) -> None:
                       mtbf, f"[{STATE_STYLE[j.state]}]{j.state.value}[/]")
     console.print(table)
     for row in view.rows:
-        if row.judgement.state is HostState.QUARANTINED:
+        if row.judgement.state is LedgerState.QUARANTINED:
             console.print(escape(f"{row.record.name}: quarantined ({row.judgement.reason}); release it with: "
                                  f"ddpctl hosts --release {row.record.name}"))
-        elif row.judgement.state is HostState.SUSPECT:
+        elif row.judgement.state is LedgerState.SUSPECT:
             console.print(escape(f"{row.record.name}: suspect ({row.judgement.reason})"))
     console.print(escape(f"ledger: {view.path}"), style="dim")
 

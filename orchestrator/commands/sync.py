@@ -16,8 +16,9 @@ from orchestrator.commands.common import JsonOpt, console, err_console, handle_e
 from orchestrator.commands.sync_view import SyncView
 from orchestrator.remote.pool import make_pool
 from orchestrator.remote.ssh_options import Connection
+from orchestrator.sizes import size_text
 from orchestrator.sync.core import Progress, SyncEvent, SyncReport, sync_job
-from orchestrator.sync.units import count_text, size_text
+from orchestrator.sync.units import count_text
 
 
 @handle_errors

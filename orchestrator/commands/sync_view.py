@@ -7,9 +7,9 @@ from dataclasses import dataclass
 
 from rich.text import Text
 
+from orchestrator.sizes import size_text
 from orchestrator.sync.core import HostSync, SyncEvent, SyncPlanned, SyncSent
 from orchestrator.sync.text import sync_line
-from orchestrator.sync.units import size_text
 
 
 @dataclass

@@ -15,15 +15,16 @@ from orchestrator.commands.common import InventoryOpt, JsonOpt, console, handle_
 from orchestrator.commands.lifecycle import BackendOpt, LoginOpt, backend_name, print_error, report_absent
 from orchestrator.hostops.control import Sample, job_control
 from orchestrator.hostops.jobs import JobAbsent
-from orchestrator.hostops.top import DEFAULT_INTERVAL_S, HostState, TopReport, TopRow
+from orchestrator.hostops.top import DEFAULT_INTERVAL_S, TopReport, TopRow, TopState
 from orchestrator.remote.ssh_options import Connection
+from orchestrator.sizes import size_text
 
 TopJobArg = Annotated[str | None, typer.Argument(
     help="A job id (or name), or the job.toml it was started from; none: every ddpctl job on the hosts.")]
 COLUMNS = ("host", "state", "ranks", "steps/s", "p50/p95 ms", "GPU %", "GPU GiB", "power W", "CPU %", "RSS",
            "tx/rx MB/s", "last output", "note")
-STATE_STYLE = {HostState.RUNNING: "green", HostState.NO_JOB: "dim", HostState.UNREACHABLE: "bold red",
-               HostState.ERROR: "bold red"}
+STATE_STYLE = {TopState.RUNNING: "green", TopState.NO_JOB: "dim", TopState.UNREACHABLE: "bold red",
+               TopState.ERROR: "bold red"}
 MB = 1e6
 
 
@@ -40,11 +41,7 @@ def _pair(a: float | None, b: float | None, digits: int = 0, sep: str = "/") -> 
 
 
 def _bytes(n: int | None) -> str:
-    if n is None:
-        return "-"
-    if n >= 1 << 30:
-        return f"{n / (1 << 30):.1f} GiB"
-    return f"{n / (1 << 20):.0f} MiB"
+    return "-" if n is None else size_text(n)
 
 
 def _age(seconds: float | None) -> str:

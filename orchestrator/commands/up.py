@@ -42,7 +42,7 @@ from orchestrator.launch.outcome import EXIT_STOPPED
 from orchestrator.launch.plan import LaunchPlan, mask_env
 from orchestrator.launch.preflight import ChecksFailed
 from orchestrator.launch.progress import Status
-from orchestrator.launch.result import HostRun, HostState, RunResult
+from orchestrator.launch.result import HostRun, RunResult, RunState
 from orchestrator.remote.ssh_options import Connection
 from orchestrator.restarts.loop import RestartedRun
 from orchestrator.run_up import (
@@ -60,9 +60,9 @@ from orchestrator.sync.core import SyncEvent
 
 HOST_COLOURS = ["cyan", "magenta", "green", "yellow", "blue", "bright_red", "bright_cyan",
                 "bright_magenta", "bright_green", "bright_yellow"]
-STATE_STYLE = {HostState.CONNECTING: "dim", HostState.RUNNING: "green", HostState.STOPPING: "yellow",
-               HostState.EXITED: "green", HostState.FAILED: "bold red", HostState.STOPPED: "yellow",
-               HostState.LOST: "bold red"}
+STATE_STYLE = {RunState.CONNECTING: "dim", RunState.RUNNING: "green", RunState.STOPPING: "yellow",
+               RunState.EXITED: "green", RunState.FAILED: "bold red", RunState.STOPPED: "yellow",
+               RunState.LOST: "bold red"}
 
 
 def parse_nproc(value: str | None) -> NprocSpec | None:
@@ -162,11 +162,11 @@ class Printer:
 
     def on_state(self, run: HostRun) -> None:
         self.states[run.host] = run
-        if self.live is None or run.state in (HostState.FAILED, HostState.LOST):
+        if self.live is None or run.state in (RunState.FAILED, RunState.LOST):
             self._print_state(run)
 
     def _print_state(self, run: HostRun) -> None:
-        shown = run.exit_code is not None and run.state is not HostState.STOPPED  # ours: no news
+        shown = run.exit_code is not None and run.state is not RunState.STOPPED  # ours: no news
         detail = f" (exit {run.exit_code})" if shown else ""
         detail += f": {run.error}" if run.error else ""
         with contextlib.suppress(OSError):

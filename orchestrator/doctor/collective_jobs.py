@@ -13,12 +13,12 @@ from inventory import Job, Rendezvous
 from orchestrator.launch import core
 from orchestrator.launch.backends.base import Backend
 from orchestrator.launch.inline import InlineProgram, train_jobs_sources
-from orchestrator.launch.monitor import MonitorFactory
+from orchestrator.launch.monitor_api import MonitorFactory
 from orchestrator.launch.observer import Collected
 from orchestrator.launch.options import LaunchOptions
 from orchestrator.launch.plan import LaunchPlan
 from orchestrator.launch.result import RunResult
-from orchestrator.watch.monitors import standard_monitors
+from orchestrator.watch.factory import standard_monitors
 
 SMOKE_LINE = re.compile(r"DDPCTL-SMOKE rank=(\d+) world=(\d+) ok=(\w+)")
 

@@ -26,16 +26,16 @@ from orchestrator.checks.model import CheckStatus, Finding
 from orchestrator.checks.spec import Runs
 from orchestrator.doctor.collective import failure_evidence, launch_error
 from orchestrator.doctor.collective_jobs import result_line, run_collective
-from orchestrator.doctor.gpu_health import gpu_health_round
+from orchestrator.doctor.gpu_health_round import gpu_health_round
 from orchestrator.errors import HostError, HostsFailed, LaunchBlocked
 from orchestrator.launch.backends.base import Backend
 from orchestrator.launch.events import Output
 from orchestrator.launch.inline import InlineProgram, train_jobs_sources
-from orchestrator.launch.monitor import Action, JobView, Monitor, MonitorEvent, Quiet, Stop
+from orchestrator.launch.monitor_api import Action, JobView, Monitor, MonitorEvent, Quiet, Stop
 from orchestrator.launch.options import LaunchOptions
 from orchestrator.launch.plan import LaunchPlan
 from orchestrator.remote.pool import HostPool
-from orchestrator.watch.monitors import standard_monitors
+from orchestrator.watch.factory import standard_monitors
 from train_jobs.hostcheck.coordinate import Missed
 from train_jobs.hostcheck.verdict import Figure
 

@@ -14,7 +14,7 @@ from orchestrator.checks.model import CheckStatus, Finding, Report
 from orchestrator.doctor.runner import DoctorRequest, LaunchPathChecks, run
 from orchestrator.hostops.hostbook import Released, hosts_view, release_host
 from orchestrator.hostops.ledger import Ledger
-from orchestrator.hostops.quarantine import HostState
+from orchestrator.hostops.quarantine import LedgerState
 from orchestrator.remote.ssh_options import Connection
 
 PARTNERS = 3  # known-good hosts it is measured against (a host verdict rests on two partners at least)
@@ -40,7 +40,7 @@ class ReleaseCheck:
 def known_good(inventory: Inventory, host: Host, ledger: Ledger | None = None) -> tuple[list[Host], list[str]]:
     """The inventory's other hosts the ledger holds ok, as listed."""
     view = hosts_view(inventory, ledger)
-    ok = {row.record.name for row in view.rows if row.judgement.state is HostState.OK}
+    ok = {row.record.name for row in view.rows if row.judgement.state is LedgerState.OK}
     return [h for h in inventory.hosts if h.name != host.name and h.name in ok], view.warnings
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from inventory import ConfigError, Host, Inventory, Job
 from orchestrator.hostops.ledger import HostRecord, Ledger
-from orchestrator.hostops.quarantine import Event, EventKind, HostState, Judgement, Policy, fault_text, judge
+from orchestrator.hostops.quarantine import Event, EventKind, Judgement, LedgerState, Policy, fault_text, judge
 
 
 @dataclass(frozen=True)
@@ -131,9 +131,9 @@ def screen(job: Job, hosts: Sequence[Host], ledger: Ledger | None = None, now: f
     now = time.time() if now is None else now
     for host, record in zip(hosts, reading.hosts, strict=True):
         verdict = judge(record.events, policy, now)
-        if verdict.state is HostState.QUARANTINED:
+        if verdict.state is LedgerState.QUARANTINED:
             out.quarantined[host.name] = verdict.reason or "quarantined"
-        elif verdict.state is HostState.SUSPECT:
+        elif verdict.state is LedgerState.SUSPECT:
             out.suspect[host.name] = verdict.reason or "suspect"
     return out
 

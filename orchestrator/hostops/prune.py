@@ -22,6 +22,7 @@ from orchestrator.hostops.targets import inventory_at, require_job_file
 from orchestrator.remote.agent import call_agent
 from orchestrator.remote.pool import FanOut, HostPool
 from orchestrator.remote.wire import decode
+from orchestrator.sizes import size_text
 
 HERE = "here"  # this machine's runs/, in reports keyed by host
 SUMMARY = "summary.json"  # written here when a run ends (orchestrator/launch/supervise.py)
@@ -195,14 +196,6 @@ def prune_everywhere(pool: HostPool, hosts: Sequence[Host], keep: int, runs_dir:
 
 # -- how it reads -----------------------------------------------------------------------------
 
-def size_text(n: int) -> str:
-    for unit, scale in (("GB", 10**9), ("MB", 10**6), ("kB", 10**3)):
-        if n >= scale:
-            value = n / scale
-            return f"{value:.0f} {unit}" if value >= 10 else f"{value:.1f} {unit}"
-    return f"{n} B"
-
-
 def where_text(host: str, report: PruneReport) -> str:
     return f"here in {report.root}" if host == HERE else f"on {host}"
 
@@ -213,7 +206,8 @@ def summary(host: str, report: PruneReport) -> str | None:
         return None
     verb = "would prune" if report.dry_run else "pruned"
     runs = "run" if len(report.removed) == 1 else "runs"
-    return f"{verb} {len(report.removed)} old {runs} {where_text(host, report)} ({size_text(report.removed_bytes)})"
+    size = size_text(report.removed_bytes, si=True)
+    return f"{verb} {len(report.removed)} old {runs} {where_text(host, report)} ({size})"
 
 
 def names_text(report: PruneReport, first: int = 5) -> str:

@@ -38,7 +38,9 @@ class Event:
     run_id: str | None = None
 
 
-class HostState(str, enum.Enum):
+class LedgerState(str, enum.Enum):
+    """The ledger's verdict on a host (Judgement.state)."""
+
     OK = "ok"
     SUSPECT = "suspect"  # named by `up`, kept
     QUARANTINED = "quarantined"  # left out by `up` and by every restart attempt
@@ -62,7 +64,7 @@ class Policy:
 class Judgement:
     """A host's state under a policy, and why."""
 
-    state: HostState
+    state: LedgerState
     reason: str | None  # one line; None: ok
     faults: tuple[Event, ...]  # the host faults since its last release, oldest first
     mtbf: float | None  # mean seconds between two host faults (every one kept); None: fewer than 2
@@ -120,12 +122,12 @@ def judge(events: Sequence[Event], policy: Policy, now: float | None = None) -> 
     if len(recent) >= policy.after:
         reason = f"{len(recent)} host faults in {duration(policy.window)}: {listed}"
         if policy.enabled:
-            return Judgement(HostState.QUARANTINED, reason, faults, mtbf)
-        return Judgement(HostState.SUSPECT, reason + " (quarantine is off)", faults, mtbf)
+            return Judgement(LedgerState.QUARANTINED, reason, faults, mtbf)
+        return Judgement(LedgerState.SUSPECT, reason + " (quarantine is off)", faults, mtbf)
     if recent:
-        return Judgement(HostState.SUSPECT, f"{len(recent)} host fault(s) in {duration(policy.window)}: {listed}",
+        return Judgement(LedgerState.SUSPECT, f"{len(recent)} host fault(s) in {duration(policy.window)}: {listed}",
                          faults, mtbf)
     deep = [e for e in current if e.kind is EventKind.DEEP_FINDING]
     if deep:
-        return Judgement(HostState.SUSPECT, f"deep check: {deep[-1].detail}", faults, mtbf)
-    return Judgement(HostState.OK, None, faults, mtbf)
+        return Judgement(LedgerState.SUSPECT, f"deep check: {deep[-1].detail}", faults, mtbf)
+    return Judgement(LedgerState.OK, None, faults, mtbf)

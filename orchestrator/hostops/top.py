@@ -32,7 +32,9 @@ UNREACHABLE_KINDS = frozenset({HostErrorKind.UNREACHABLE, HostErrorKind.SSHD_DOW
                                HostErrorKind.TIMEOUT, HostErrorKind.LOST})
 
 
-class HostState(str, enum.Enum):
+class TopState(str, enum.Enum):
+    """A host's state in `top`'s row."""
+
     RUNNING = "running"
     NO_JOB = "no job"
     UNREACHABLE = "unreachable"
@@ -44,7 +46,7 @@ class TopRow:
     """One host (one node of a job on it, where it runs several) as `top` shows it."""
 
     host: str
-    state: HostState
+    state: TopState
     job_id: str | None = None
     node_rank: int | None = None
     ranks_alive: int | None = None
@@ -140,9 +142,9 @@ def node_row(host: HostTop, node: TopNode) -> TopRow:
     totals = [r.total for r in node.ranks if r.total is not None]
     detail = None if node.running else f"node {node.node_rank} {node.status}" + (
         f" (exit code {node.exit_code})" if node.exit_code is not None else "")
-    state = HostState.RUNNING if node.running else HostState.NO_JOB
+    state = TopState.RUNNING if node.running else TopState.NO_JOB
     return TopRow(
-        host.host, HostState.ERROR if gpu["error"] else state, node.job_id, node.node_rank,
+        host.host, TopState.ERROR if gpu["error"] else state, node.job_id, node.node_rank,
         node.ranks_alive, node.ranks_expected, max(steps) if steps else None, max(totals) if totals else None,
         _min(r.steps_per_s for r in node.ranks) if node.running else None,
         _max(r.p50_ms for r in node.ranks), _max(r.p95_ms for r in node.ranks),
@@ -157,27 +159,27 @@ def host_rows(host: HostTop) -> list[TopRow]:
     if host.nodes:
         return [node_row(host, n) for n in host.nodes]
     gpu = _gpu_fields(host, None)
-    return [TopRow(host.host, HostState.ERROR if gpu["error"] else HostState.NO_JOB, gpus=gpu["gpus"],
+    return [TopRow(host.host, TopState.ERROR if gpu["error"] else TopState.NO_JOB, gpus=gpu["gpus"],
                    gpu_util_min=gpu["gpu_util_min"], gpu_util_max=gpu["gpu_util_max"],
                    gpu_memory_used_mib=gpu["gpu_memory_used_mib"], gpu_memory_total_mib=gpu["gpu_memory_total_mib"],
                    power_w=gpu["power_w"], error=gpu["error"])]
 
 
 def failed_row(host: str, err: HostError) -> TopRow:
-    state = HostState.UNREACHABLE if err.kind in UNREACHABLE_KINDS else HostState.ERROR
+    state = TopState.UNREACHABLE if err.kind in UNREACHABLE_KINDS else TopState.ERROR
     return TopRow(host, state, error=err.message, fix=err.fix or None)
 
 
 def sort_key(row: TopRow) -> tuple[int, float, str, str, int]:
     """Worst first: unreachable and error rows, then a stalled host, then the slowest steps/s, then
     hosts running without a rate yet, then the hosts that run no job; by name within each."""
-    if row.state in (HostState.UNREACHABLE, HostState.ERROR):
+    if row.state in (TopState.UNREACHABLE, TopState.ERROR):
         group, rate = 0, 0.0
     elif row.stalled:
         group, rate = 1, 0.0
-    elif row.state is HostState.RUNNING and row.steps_per_s is not None:
+    elif row.state is TopState.RUNNING and row.steps_per_s is not None:
         group, rate = 2, row.steps_per_s
-    elif row.state is HostState.RUNNING:
+    elif row.state is TopState.RUNNING:
         group, rate = 3, 0.0
     else:
         group, rate = 4, 0.0

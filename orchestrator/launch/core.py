@@ -12,7 +12,7 @@ from orchestrator.errors import HostsFailed
 from orchestrator.hostops.runrecord import new_record, write_record
 from orchestrator.launch.backends.base import Backend, DetachReport
 from orchestrator.launch.inline import InlineProgram
-from orchestrator.launch.monitor import MonitorFactory, no_monitors
+from orchestrator.launch.monitor_api import MonitorFactory, no_monitors
 from orchestrator.launch.observer import Observer
 from orchestrator.launch.options import LaunchOptions
 from orchestrator.launch.plan import LaunchPlan, build_plan, new_job_id
@@ -42,7 +42,7 @@ def plan_job(job: Job, backend: Backend, options: LaunchOptions | None = None, *
 def run_plan(plan: LaunchPlan, backend: Backend, observer: Observer,
              options: LaunchOptions | None = None, monitors: MonitorFactory = no_monitors) -> RunResult:
     """Start a settled plan and supervise it to the end (fail fast, no orphans), with the monitors
-    `monitors` makes for it (orchestrator/watch/monitors.py: `up`'s)."""
+    `monitors` makes for it (orchestrator/watch/factory.py: `up`'s)."""
     options = options or LaunchOptions()
     return Supervision(plan, backend, observer, options.run_dir_of(plan.job_id), options,
                        monitors(plan, options)).run()

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from orchestrator.launch.events import Alive, BackendEvent
 from orchestrator.launch.faults import FaultLimits, Link, LinkState, link_state_after
 from orchestrator.launch.plan import LaunchPlan
-from orchestrator.launch.result import HostRun, HostState
+from orchestrator.launch.result import HostRun, RunState
 
 
 class Contact:
@@ -74,7 +74,7 @@ class Hosts:
         """The links of running (or stopping) hosts that change state now (faults.link_state_after)."""
         moves = []
         for name, run in self.runs.items():
-            if run.state not in (HostState.RUNNING, HostState.STOPPING):
+            if run.state not in (RunState.RUNNING, RunState.STOPPING):
                 continue
             quiet = self.contact.quiet_s(name, now)
             state = link_state_after(self.links[name], quiet, self.limits)
@@ -94,5 +94,5 @@ class Hosts:
 
     def lose(self, run: HostRun, why: str) -> None:
         """The host is lost: its run and its link say so from now on."""
-        run.state, run.error, run.ended_at = HostState.LOST, why, time.time()
+        run.state, run.error, run.ended_at = RunState.LOST, why, time.time()
         self.links[run.host].enter(LinkState.LOST)

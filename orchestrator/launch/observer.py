@@ -12,7 +12,7 @@ from orchestrator.hostops.runrecord import follow_up
 from orchestrator.launch.labels import RankLines
 from orchestrator.launch.plan import LaunchPlan
 from orchestrator.launch.progress import Status
-from orchestrator.launch.result import HostRun, HostState
+from orchestrator.launch.result import HostRun, RunState
 from orchestrator.sync.core import HostSync, SyncEvent
 from orchestrator.sync.text import sync_line
 
@@ -85,7 +85,7 @@ class Plain:
         sys.stdout.flush()
 
     def on_state(self, run: HostRun) -> None:
-        if run.state in (HostState.FAILED, HostState.LOST):
+        if run.state in (RunState.FAILED, RunState.LOST):
             print(f"ddpctl: {run.host} {run.state.value}" + (f": {run.error}" if run.error else ""), flush=True)
 
     def on_notice(self, text: str) -> None:

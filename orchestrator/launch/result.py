@@ -15,7 +15,9 @@ from orchestrator.launch.plan import LaunchPlan, mask_env
 from orchestrator.remote.wire import NcclChoice, RankError
 
 
-class HostState(str, enum.Enum):
+class RunState(str, enum.Enum):
+    """A host's state in one launch (HostRun.state)."""
+
     CONNECTING = "connecting"
     RUNNING = "running"
     STOPPING = "stopping"
@@ -30,7 +32,7 @@ class HostRun:
     host: str
     node_rank: int
     command: str
-    state: HostState = HostState.CONNECTING
+    state: RunState = RunState.CONNECTING
     exit_code: int | None = None
     started_at: float | None = None
     ended_at: float | None = None
@@ -45,7 +47,7 @@ class HostRun:
 
     @property
     def done(self) -> bool:
-        return self.state in (HostState.EXITED, HostState.FAILED, HostState.STOPPED, HostState.LOST)
+        return self.state in (RunState.EXITED, RunState.FAILED, RunState.STOPPED, RunState.LOST)
 
     @property
     def duration_s(self) -> float | None:

@@ -1,6 +1,6 @@
 """The supervision core: turns a started job's backend events into host states through the fault
 model (orchestrator/launch/faults.py), keeps the logs, fails fast, stops the job when asked (a
-failure, a monitor, a signal) and writes summary.json. Monitors (orchestrator/launch/monitor.py)
+failure, a monitor, a signal) and writes summary.json. Monitors (orchestrator/launch/monitor_api.py)
 plug into it; it imports none, and knows nothing of SSH or Slurm."""
 
 from __future__ import annotations
@@ -36,14 +36,14 @@ from orchestrator.launch.faults import Link, LinkState, limits_for
 from orchestrator.launch.hosts import Hosts, LinkMove
 from orchestrator.launch.labels import RankLines, labels_for
 from orchestrator.launch.lanes import Lanes
-from orchestrator.launch.monitor import HostLost, Monitor
-from orchestrator.launch.monitoring import CoreHands, Monitors
+from orchestrator.launch.monitor_api import HostLost, Monitor
+from orchestrator.launch.monitor_runner import CoreHands, Monitors
 from orchestrator.launch.observer import Observer
 from orchestrator.launch.options import LaunchOptions
 from orchestrator.launch.outcome import outcome
 from orchestrator.launch.plan import LaunchPlan
 from orchestrator.launch.record import Record
-from orchestrator.launch.result import HostLoss, HostRun, HostState, RankFailure, RunResult, clock, write_summary
+from orchestrator.launch.result import HostLoss, HostRun, RankFailure, RunResult, RunState, clock, write_summary
 from orchestrator.launch.signals import STOP_SIGNALS, StopSignal, interrupts_ignored, stop_signals_raise
 
 CHECK_EVERY = 0.5  # the timer: silent hosts judged, monitors ticked
@@ -99,7 +99,7 @@ class Supervision:
         self.observer.on_notice(reason)
         unfinished = self.hosts.unfinished()
         for name in unfinished:
-            self.hosts.runs[name].state = HostState.STOPPING
+            self.hosts.runs[name].state = RunState.STOPPING
             self.observer.on_state(self.hosts.runs[name])
         self.backend.stop(unfinished, force, failed)
 
@@ -136,7 +136,7 @@ class Supervision:
             case Output():
                 self._output(run, event.lines)
             case Started():
-                run.state, run.started_at, run.remote_log = HostState.RUNNING, time.time(), event.log
+                run.state, run.started_at, run.remote_log = RunState.RUNNING, time.time(), event.log
                 run.hostname = event.hostname or run.hostname
                 self.observer.on_state(run)
             case Notice():
@@ -269,11 +269,11 @@ class Supervision:
             return
         run.exit_code, run.ended_at = code, time.time()
         if code == 0:
-            run.state = HostState.EXITED
+            run.state = RunState.EXITED
         elif (self.stopping and run is not self.record.first_failure) or self.record.stopped_by is not None:
-            run.state = HostState.STOPPED
+            run.state = RunState.STOPPED
         else:
-            run.state = HostState.FAILED
+            run.state = RunState.FAILED
         self.observer.on_state(run)
         if code != 0 and not self.stopping:
             self._fail(run, f"exit code {code}" + (f": {run.stop_reason}" if run.stop_reason else ""))

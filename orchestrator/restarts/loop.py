@@ -21,12 +21,12 @@ from orchestrator.errors import HostError, HostsFailed, LaunchBlocked
 from orchestrator.launch import core
 from orchestrator.launch.backends.base import Backend
 from orchestrator.launch.faults import limits_for
-from orchestrator.launch.monitor import MonitorFactory, no_monitors
+from orchestrator.launch.monitor_api import MonitorFactory, no_monitors
 from orchestrator.launch.observer import Observer
 from orchestrator.launch.options import LaunchOptions
 from orchestrator.launch.plan import ATTEMPT_ENV, PREV_FAILURE_ENV, RUN_ID_ENV, new_job_id
 from orchestrator.launch.preflight import ChecksFailed
-from orchestrator.launch.result import HostState, RunResult, clock
+from orchestrator.launch.result import RunResult, RunState, clock
 from orchestrator.launch.signals import StopSignal, stop_signals_raise
 from orchestrator.restarts import hostledger
 from orchestrator.restarts.fence import Suspect, fence
@@ -177,7 +177,7 @@ def classify(result: RunResult, job: Job, number: int, previous: Sequence[Attemp
 
 def lost_hosts(result: RunResult) -> dict[str, str]:
     """Every host the attempt lost (the cause or not), first lost first: host -> why."""
-    lost = sorted((r for r in result.hosts if r.state is HostState.LOST), key=lambda r: r.ended_at or 0.0)
+    lost = sorted((r for r in result.hosts if r.state is RunState.LOST), key=lambda r: r.ended_at or 0.0)
     return {r.host: f"{r.host} lost at {clock(r.ended_at or time.time())}: {r.error or 'no contact'}" for r in lost}
 
 
@@ -332,7 +332,7 @@ class Restarts:
     def fence_lost(self, job: Job, result: RunResult, before: int) -> list[dict[str, object]]:
         """No attempt beside a lost one: each host the attempt lost is reached again and its part
         ended, or waited out (restarts/fence.py). Slurm fences its own nodes (docs/restarts.md)."""
-        lost = [r for r in result.hosts if r.state is HostState.LOST]
+        lost = [r for r in result.hosts if r.state is RunState.LOST]
         if job.slurm is not None or not lost:
             return []
         limits = limits_for(job.lost_after, self.options.lost_after)

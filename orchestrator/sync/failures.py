@@ -13,9 +13,9 @@ from typing import Any
 from orchestrator.errors import HostError, HostErrorKind
 from orchestrator.remote.agent import call_agent
 from orchestrator.remote.transport import Transport
+from orchestrator.sizes import size_text
 from orchestrator.sync.diff import Changes, Manifest
 from orchestrator.sync.transfer import TransferError
-from orchestrator.sync.units import size_text
 
 PROBE_TIMEOUT_S = 60.0
 

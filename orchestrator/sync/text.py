@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from orchestrator.sizes import size_text
 from orchestrator.sync.core import HostSync, SyncEvent, SyncPlanned
 from orchestrator.sync.diff import Changes
-from orchestrator.sync.units import count_text, names_text, size_text
+from orchestrator.sync.units import count_text, names_text
 
 
 def changes_text(c: Changes, dry_run: bool = False) -> str:

@@ -1,15 +1,8 @@
-"""Sizes, counts and lists of paths as sync's messages write them."""
+"""Counts and lists of paths as sync's messages write them (sizes: orchestrator/sizes.py)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-
-
-def size_text(n: int) -> str:
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n} B"
 
 
 def count_text(n: int, what: str, plural: str | None = None) -> str:

@@ -8,7 +8,7 @@ import time
 from collections.abc import Sequence
 
 from orchestrator.launch.events import Output
-from orchestrator.launch.monitor import Action, DumpStacks, Fail, JobView, MonitorEvent, Quiet, Say, Stop
+from orchestrator.launch.monitor_api import Action, DumpStacks, Fail, JobView, MonitorEvent, Quiet, Say, Stop
 from orchestrator.launch.options import OnHang
 
 STOP_HUNG = "stopping the hung job on every host (--on-hang=stop)"

@@ -1,4 +1,4 @@
-"""The progress monitor: feeds the core's events to a Watch (orchestrator/watch/monitor.py) and, on
+"""The progress monitor: feeds the core's events to a Watch (orchestrator/watch/job_state.py) and, on
 the core's timer, shows the progress, says each finding once and looks into a stall (no rank
 stepped for max([watch] hang_after, 5 x the p95 step time)): every rank's flight records and stack
 name the collective the job waits in and the rank that never entered it. Reported; the job runs on
@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from orchestrator.hostops.stacks import StacksReport
 from orchestrator.launch.events import Milestone, Sampled
 from orchestrator.launch.faults import LinkState
-from orchestrator.launch.monitor import (
+from orchestrator.launch.monitor_api import (
     Action,
     DumpStacks,
     Fail,
@@ -29,7 +29,7 @@ from orchestrator.launch.monitor import (
 from orchestrator.launch.options import OnHang
 from orchestrator.launch.result import Finding
 from orchestrator.watch.hang import STOP_HUNG
-from orchestrator.watch.monitor import Watch
+from orchestrator.watch.job_state import Watch
 
 
 class ProgressWatch(Quiet):

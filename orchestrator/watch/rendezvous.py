@@ -22,7 +22,18 @@ from orchestrator.checks.firewall import probe_findings
 from orchestrator.checks.model import Observations, ProbeResults
 from orchestrator.checks.render import finding_text
 from orchestrator.launch.events import Milestone, Started
-from orchestrator.launch.monitor import Action, Fail, JobView, MonitorEvent, Probed, Quiet, Reply, Reprobe, Say, Stop
+from orchestrator.launch.monitor_api import (
+    Action,
+    Fail,
+    JobView,
+    MonitorEvent,
+    Probed,
+    Quiet,
+    Reply,
+    Reprobe,
+    Say,
+    Stop,
+)
 from orchestrator.launch.plan import LaunchPlan
 from orchestrator.remote.wire import RankPhase
 

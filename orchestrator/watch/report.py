@@ -9,10 +9,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from orchestrator.launch.monitor import Action, Quiet, Say
+from orchestrator.launch.monitor_api import Action, Quiet, Say
 from orchestrator.launch.plan import LaunchPlan
 from orchestrator.launch.result import RunResult
-from orchestrator.watch.monitor import Watch
+from orchestrator.watch.job_state import Watch
 from orchestrator.watch.report_html import render_html
 
 

@@ -15,7 +15,7 @@ from node_agent.wire.layout import ATTEMPT_MARK
 from orchestrator.errors import HostError, HostErrorKind
 from orchestrator.launch.backends.base import Fenced
 from orchestrator.launch.faults import NODE_FACTOR, NODE_WATCH_EVERY, FaultLimits, fault_table
-from orchestrator.launch.result import HostLoss, HostRun, HostState, RunResult
+from orchestrator.launch.result import HostLoss, HostRun, RunResult, RunState
 from orchestrator.restarts.fence import Suspect, fence
 from orchestrator.restarts.loop import AttemptRecord, Failure, RestartedRun, classify, lost_hosts
 from tests.unit.test_restart_policy import make_job
@@ -100,9 +100,9 @@ def test_the_self_stop_bound_covers_the_nodes_watchdog_and_the_grace() -> None:
 
 
 def two_lost() -> RunResult:
-    runs = [HostRun("a", 0, "torchrun", HostState.STOPPED, 1),
-            HostRun("b", 1, "torchrun", HostState.LOST, ended_at=1_700_000_000.0, error="connection closed"),
-            HostRun("c", 2, "torchrun", HostState.LOST, ended_at=1_700_000_000.04, error="connection closed")]
+    runs = [HostRun("a", 0, "torchrun", RunState.STOPPED, 1),
+            HostRun("b", 1, "torchrun", RunState.LOST, ended_at=1_700_000_000.0, error="connection closed"),
+            HostRun("c", 2, "torchrun", RunState.LOST, ended_at=1_700_000_000.04, error="connection closed")]
     return RunResult(job_id="train-1.0", run_dir=Path("runs/x"), hosts=runs, exit_code=1, first_failure=runs[1],
                      loss=HostLoss("b", "connection closed", 1_700_000_000.0))
 

@@ -333,7 +333,7 @@ def test_an_unreachable_host_is_one_finding_naming_host_and_error() -> None:
 
 def test_the_round_fans_out_and_turns_failures_into_findings() -> None:
     from inventory import Host
-    from orchestrator.doctor.gpu_health import gpu_health_round
+    from orchestrator.doctor.gpu_health_round import gpu_health_round
     from orchestrator.remote.pool import FanOut
 
     class Pool:

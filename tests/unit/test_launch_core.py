@@ -24,7 +24,7 @@ from orchestrator.launch.options import LaunchOptions
 from orchestrator.launch.plan import LaunchPlan, build_plan
 from orchestrator.launch.result import HostRun, RunResult
 from orchestrator.remote.wire import RankError, RankPhase, SuperviseResult
-from orchestrator.watch.monitors import standard_monitors
+from orchestrator.watch.factory import standard_monitors
 from orchestrator.watch.rendezvous import RendezvousWatch
 
 A = Host(name="a", address="198.18.0.1", python="/opt/py/bin/python")

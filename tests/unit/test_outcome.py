@@ -9,14 +9,14 @@ from dataclasses import dataclass, field
 import pytest
 
 from orchestrator.launch.outcome import EXIT_STOPPED, FinalState, outcome
-from orchestrator.launch.result import HostLoss, HostRun, HostState, RankFailure
+from orchestrator.launch.result import HostLoss, HostRun, RankFailure, RunState
 from orchestrator.remote.wire import RankError
 
 T0 = 1_000_000.0
 
 
-def host(name: str, code: int | None, state: HostState | None = None, node_rank: int = 0) -> HostRun:
-    default = HostState.EXITED if code == 0 else HostState.FAILED if code is not None else HostState.LOST
+def host(name: str, code: int | None, state: RunState | None = None, node_rank: int = 0) -> HostRun:
+    default = RunState.EXITED if code == 0 else RunState.FAILED if code is not None else RunState.LOST
     return HostRun(name, node_rank, "torchrun ...", state or default, code)
 
 
@@ -45,7 +45,7 @@ class Case:
     losses: tuple[HostLoss, ...] = ()
     stopped_for: str | None = None  # the host whose failure stopped the job
     stopped_by: str | None = None  # someone else stopped it (`ddpctl down`), at T0
-    states: dict[str, HostState] = field(default_factory=dict)
+    states: dict[str, RunState] = field(default_factory=dict)
 
 
 CASES = {

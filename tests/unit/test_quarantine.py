@@ -18,12 +18,11 @@ from inventory.model import RestartSpec
 from orchestrator.errors import LaunchBlocked
 from orchestrator.hostops.hostbook import screen
 from orchestrator.hostops.ledger import Ledger, Note, Sighting
-from orchestrator.hostops.quarantine import Event, EventKind, HostState, Policy, duration, judge
+from orchestrator.hostops.quarantine import Event, EventKind, LedgerState, Policy, duration, judge
 from orchestrator.launch import core
 from orchestrator.launch.observer import Collected
 from orchestrator.launch.options import LaunchOptions
-from orchestrator.launch.result import HostRun, RunResult
-from orchestrator.launch.result import HostState as RunState
+from orchestrator.launch.result import HostRun, RunResult, RunState
 from orchestrator.restarts.loop import Restarts
 from orchestrator.run_up import Finished, UpRequest
 from orchestrator.run_up import detach as run_up_detach
@@ -41,24 +40,24 @@ def ev(hours_ago: float, kind: EventKind = EventKind.HOST_FAULT, detail: str = "
 # -- the policy ------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize(("events", "state"), [
-    ([], HostState.OK),
-    ([ev(1, EventKind.STRAGGLER), ev(1, EventKind.FINDING)], HostState.OK),  # not faults
-    ([ev(1)], HostState.SUSPECT),
-    ([ev(30), ev(1)], HostState.SUSPECT),  # one of them is out of the 24 h window
-    ([ev(5, EventKind.LOST), ev(1)], HostState.QUARANTINED),
-    ([ev(5, EventKind.HARDWARE), ev(1, EventKind.LOST)], HostState.QUARANTINED),
-    ([ev(5), ev(3), ev(2, EventKind.RELEASE)], HostState.OK),  # a release resets the count
-    ([ev(5), ev(3), ev(2, EventKind.RELEASE), ev(1)], HostState.SUSPECT),
-    ([ev(50, EventKind.DEEP_FINDING)], HostState.SUSPECT),  # a deep finding: until a release
-    ([ev(50, EventKind.DEEP_FINDING), ev(1, EventKind.RELEASE)], HostState.OK),
+    ([], LedgerState.OK),
+    ([ev(1, EventKind.STRAGGLER), ev(1, EventKind.FINDING)], LedgerState.OK),  # not faults
+    ([ev(1)], LedgerState.SUSPECT),
+    ([ev(30), ev(1)], LedgerState.SUSPECT),  # one of them is out of the 24 h window
+    ([ev(5, EventKind.LOST), ev(1)], LedgerState.QUARANTINED),
+    ([ev(5, EventKind.HARDWARE), ev(1, EventKind.LOST)], LedgerState.QUARANTINED),
+    ([ev(5), ev(3), ev(2, EventKind.RELEASE)], LedgerState.OK),  # a release resets the count
+    ([ev(5), ev(3), ev(2, EventKind.RELEASE), ev(1)], LedgerState.SUSPECT),
+    ([ev(50, EventKind.DEEP_FINDING)], LedgerState.SUSPECT),  # a deep finding: until a release
+    ([ev(50, EventKind.DEEP_FINDING), ev(1, EventKind.RELEASE)], LedgerState.OK),
 ])
-def test_the_state_follows_the_host_faults_since_the_last_release(events: list[Event], state: HostState) -> None:
+def test_the_state_follows_the_host_faults_since_the_last_release(events: list[Event], state: LedgerState) -> None:
     assert judge(events, Policy(), NOW).state is state
 
 
 def test_the_reason_names_each_fault_with_its_time_and_run() -> None:
     got = judge([ev(5, EventKind.LOST, "node1 lost", "train-1.0"), ev(1, run="train-2")], Policy(), NOW)
-    assert got.state is HostState.QUARANTINED
+    assert got.state is LedgerState.QUARANTINED
     assert got.reason is not None
     assert got.reason.startswith("2 host faults in 24 h: lost at ")
     assert "(run train-1.0), SIGKILL at " in got.reason and got.reason.endswith("(run train-2)")
@@ -67,11 +66,11 @@ def test_the_reason_names_each_fault_with_its_time_and_run() -> None:
 
 def test_the_policys_settings_and_its_switch() -> None:
     three = [ev(5), ev(3), ev(1)]
-    assert judge(three[1:], Policy(after=3), NOW).state is HostState.SUSPECT
-    assert judge(three, Policy(after=3), NOW).state is HostState.QUARANTINED
-    assert judge(three, Policy(window=2 * H), NOW).state is HostState.SUSPECT
+    assert judge(three[1:], Policy(after=3), NOW).state is LedgerState.SUSPECT
+    assert judge(three, Policy(after=3), NOW).state is LedgerState.QUARANTINED
+    assert judge(three, Policy(window=2 * H), NOW).state is LedgerState.SUSPECT
     off = judge(three, Policy(enabled=False), NOW)
-    assert off.state is HostState.SUSPECT and off.reason is not None and off.reason.endswith("(quarantine is off)")
+    assert off.state is LedgerState.SUSPECT and off.reason is not None and off.reason.endswith("(quarantine is off)")
     listed = judge([ev(1, detail="a rank exited with code 75, listed in …")], Policy(), NOW).reason
     assert listed is not None and listed.startswith("1 host fault(s) in 24 h: exit code 75 at ")
 

@@ -19,7 +19,7 @@ from orchestrator.launch.observer import Collected
 from orchestrator.launch.options import LaunchOptions
 from orchestrator.launch.plan import ATTEMPT_ENV, PREV_FAILURE_ENV, RUN_ID_ENV, host_env
 from orchestrator.launch.preflight import ChecksFailed
-from orchestrator.launch.result import HostLoss, HostRun, HostState, RankFailure, RunResult
+from orchestrator.launch.result import HostLoss, HostRun, RankFailure, RunResult, RunState
 from orchestrator.remote.wire import RankError
 from orchestrator.restarts.loop import (
     AttemptRecord,
@@ -49,7 +49,7 @@ def make_job(min_nodes: int | None = None, codes: Sequence[int] = (), spares: Se
                                    backoff=0.0, max_backoff=0.0))
 
 
-def run(name: str, rank: int, tail: Sequence[str] = (), state: HostState = HostState.STOPPED,
+def run(name: str, rank: int, tail: Sequence[str] = (), state: RunState = RunState.STOPPED,
         exit_code: int | None = None) -> HostRun:
     return HostRun(name, rank, "torchrun", state=state, exit_code=exit_code, tail=list(tail))
 
@@ -64,7 +64,7 @@ def result(root: RankFailure | None = None, tails: dict[str, Sequence[str]] | No
            steps: int | None = None, **fields: object) -> RunResult:
     """a, b, c ran; b failed (exit code 1) first, the others were stopped."""
     tails = tails or {}
-    hosts = [run("a", 0, tails.get("a", ())), run("b", 1, tails.get("b", ()), HostState.FAILED, 1),
+    hosts = [run("a", 0, tails.get("a", ())), run("b", 1, tails.get("b", ()), RunState.FAILED, 1),
              run("c", 2, tails.get("c", ()))]
     return RunResult(job_id="train-1.0", run_dir=Path("runs/x"), hosts=hosts, exit_code=1, first_failure=hosts[1],
                      root_cause=root, steps=steps,

@@ -44,10 +44,10 @@ from orchestrator.launch.observer import Collected
 from orchestrator.launch.options import LaunchOptions
 from orchestrator.launch.outcome import EXIT_STOPPED
 from orchestrator.launch.plan import LaunchPlan, build_plan
-from orchestrator.launch.result import HostLoss, HostRun, HostState, RankFailure, RunResult
+from orchestrator.launch.result import HostLoss, HostRun, RankFailure, RunResult, RunState
 from orchestrator.remote.wire import RankError, SuperviseResult
 from orchestrator.sync.core import Progress, SyncReport
-from orchestrator.watch.monitors import standard_monitors
+from orchestrator.watch.factory import standard_monitors
 
 SILENT_AFTER = 0.4
 CLOCK = re.compile(r"\d\d:\d\d:\d\d")
@@ -153,7 +153,7 @@ def summary(result: RunResult) -> dict[str, object]:
     return data
 
 
-def states(result: RunResult) -> dict[str, HostState]:
+def states(result: RunResult) -> dict[str, RunState]:
     return {r.host: r.state for r in result.hosts}
 
 
@@ -206,7 +206,7 @@ def test_a_host_silent_for_lost_after_is_lost_dropped_and_the_job_stops(tmp_path
     assert "host down or network cut" in result.loss.reason
     assert result.first_failure is not None and result.first_failure.host == "b"
     assert result.exit_code == 1
-    assert states(result) == {"a": HostState.STOPPED, "b": HostState.LOST}
+    assert states(result) == {"a": RunState.STOPPED, "b": RunState.LOST}
     data = summary(result)
     assert data["lost"] == {"host": "b", "reason": result.loss.reason, "at": result.loss.at}
     assert data["first_failure"] == "b"
@@ -227,7 +227,7 @@ def test_a_connection_closed_without_an_exit_status_is_a_loss_at_once_never_exit
     assert result.loss is not None and (result.loss.host, result.loss.reason) == ("b", reason)
     assert backend.dropped == ["b"] and backend.reattached == []
     b_run = next(r for r in result.hosts if r.host == "b")
-    assert (b_run.state, b_run.exit_code, b_run.error) == (HostState.LOST, None, reason)
+    assert (b_run.state, b_run.exit_code, b_run.error) == (RunState.LOST, None, reason)
     assert result.first_failure is b_run and result.exit_code == 1
     everything = " ".join([*out.notices, json.dumps(summary(result))])
     assert "exit -1" not in everything and "exit code -1" not in everything and '"exit_code": -1' not in everything
@@ -267,7 +267,7 @@ def test_a_peer_error_on_a_live_host_loses_a_silent_host_at_once(
         assert result.loss is not None and result.loss.host == lost[0]
         assert "the ranks on a lost their connections to it" in result.loss.reason
         assert result.first_failure is not None and result.first_failure.host == lost[0]  # the loss outranks
-        assert states(result)[lost[0]] is HostState.LOST
+        assert states(result)[lost[0]] is RunState.LOST
     else:
         assert result.loss is None
         assert result.first_failure is not None and result.first_failure.host == "a"
@@ -282,7 +282,7 @@ def test_a_ranks_own_error_that_came_first_stays_the_cause_when_a_host_is_lost_l
         emit_all(emit, [Exited("b", None), Exited("a", 1)])
 
     result, _out, backend = run_job(script, tmp_path)
-    assert backend.dropped == ["b"] and states(result)["b"] is HostState.LOST  # lost, but not the cause
+    assert backend.dropped == ["b"] and states(result)["b"] is RunState.LOST  # lost, but not the cause
     assert result.loss is None and summary(result)["lost"] is None
     assert result.root_cause is not None and (result.root_cause.host, result.root_cause.error) == ("a", crash)
     assert result.first_failure is not None and result.first_failure.host == "a"
@@ -325,7 +325,7 @@ def test_a_host_lost_while_the_job_stops_is_not_the_cause(
         emit_all(emit, [Exited("a", 143), Exited("b", None)])
 
     result, _out, _backend = run_job(script, tmp_path, observer=observer)
-    assert states(result)["b"] is HostState.LOST  # lost all the same
+    assert states(result)["b"] is RunState.LOST  # lost all the same
     assert result.loss is None
     assert (result.first_failure.host if result.first_failure else None) == first_failure
 
@@ -349,19 +349,19 @@ def test_a_host_that_died_is_the_cause_though_a_peers_lost_connection_was_report
 # (case id, events after both started (then: stopped, then the rest), expected states)
 STOPPED_HOSTS = [
     ("a-rank-error", [phase("a", 0, 0, "error", 1.0, rank_error("boom", "ValueError", at=1.0))],
-     [Exited("a", 1), Exited("b", 143)], {"a": HostState.FAILED, "b": HostState.STOPPED}),
-    ("a-non-zero-exit", [Exited("a", 1)], [Exited("b", 143)], {"a": HostState.FAILED, "b": HostState.STOPPED}),
+     [Exited("a", 1), Exited("b", 143)], {"a": RunState.FAILED, "b": RunState.STOPPED}),
+    ("a-non-zero-exit", [Exited("a", 1)], [Exited("b", 143)], {"a": RunState.FAILED, "b": RunState.STOPPED}),
     ("the-other-exits-cleanly-anyway", [Exited("a", 1)], [Exited("b", 0)],
-     {"a": HostState.FAILED, "b": HostState.EXITED}),
+     {"a": RunState.FAILED, "b": RunState.EXITED}),
     ("a-lost-host", [Lost("b", "connection refused")], [Exited("a", 143)],
-     {"a": HostState.STOPPED, "b": HostState.LOST}),
+     {"a": RunState.STOPPED, "b": RunState.LOST}),
 ]
 
 
 @pytest.mark.parametrize(("first", "then", "expected"), [c[1:] for c in STOPPED_HOSTS],
                          ids=[c[0] for c in STOPPED_HOSTS])
 def test_hosts_ended_by_our_stop_are_stopped_and_only_the_cause_failed(
-        tmp_path: Path, first: list[BackendEvent], then: list[BackendEvent], expected: dict[str, HostState]) -> None:
+        tmp_path: Path, first: list[BackendEvent], then: list[BackendEvent], expected: dict[str, RunState]) -> None:
     def script(b: FaultyBackend, emit: Emit) -> None:
         emit_all(emit, [Started("a"), Started("b"), *first])
         assert b.stopped.wait(5)
@@ -559,7 +559,7 @@ def test_a_stop_signal_stops_the_job_as_ctrl_c_does_and_up_exits_128_plus_it(
     assert backend.failed_stops == [False], "a signal is the user's stop, not a failure"
     notice = next(n for n in out.notices if words in n)
     assert f"`up` exits {128 + signum}" in notice
-    assert states(result) == {"a": HostState.STOPPED, "b": HostState.STOPPED}
+    assert states(result) == {"a": RunState.STOPPED, "b": RunState.STOPPED}
     assert summary(result)["signal"] == signum
     assert re.fullmatch(rf"stopped by {signum.name} to `up` \(at \d\d:\d\d:\d\d\)", str(summary(result)["stopped_by"]))
     assert signal.getsignal(signum) is before
@@ -575,7 +575,7 @@ def print_failure_text(monkeypatch: pytest.MonkeyPatch, result: RunResult) -> st
 
 
 def lost_result(tmp_path: Path, root: RankFailure | None) -> RunResult:
-    runs = [HostRun("a", 0, "torchrun a", HostState.STOPPED), HostRun("b", 1, "torchrun b", HostState.LOST)]
+    runs = [HostRun("a", 0, "torchrun a", RunState.STOPPED), HostRun("b", 1, "torchrun b", RunState.LOST)]
     loss = HostLoss("b", "no contact with b for 60s (since 12:00:00): host down or network cut",
                     time.mktime((2026, 1, 2, 12, 1, 0, 0, 0, -1)))
     return RunResult(job_id="t-1", run_dir=tmp_path, hosts=runs, exit_code=1, first_failure=runs[1],
@@ -615,7 +615,7 @@ def test_a_job_the_scheduler_ended_names_its_reason_blames_no_rank_and_stops_not
     assert result.exit_code == (1 if lost else EXIT_STOPPED) and result.ended_by == CANCELLED  # a cancel: stopped
     assert backend.stops == []  # the scheduler is ending it: nothing for us to stop
     assert result.root_cause is None  # the rank that died of it is no failure
-    assert states(result) == {"a": HostState.STOPPED, "b": HostState.LOST if lost else HostState.STOPPED}
+    assert states(result) == {"a": RunState.STOPPED, "b": RunState.LOST if lost else RunState.STOPPED}
     assert summary(result)["ended_by"] == CANCELLED
     text = print_failure_text(monkeypatch, result)
     lines = [line for line in text.splitlines() if line]
@@ -662,7 +662,7 @@ def test_ddpctl_down_is_the_headline_and_the_errors_after_it_its_consequences(
     result, _out, _backend = run_job(script, tmp_path)
     assert result.exit_code == EXIT_STOPPED and result.stopped_by == DOWNED
     assert result.root_cause is None and result.first_failure is None
-    assert states(result) == {"a": HostState.STOPPED, "b": HostState.STOPPED}
+    assert states(result) == {"a": RunState.STOPPED, "b": RunState.STOPPED}
     assert summary(result)["stopped_by"] == DOWNED
     lines = [line for line in print_failure_text(monkeypatch, result).splitlines() if line]
     assert lines[0] == DOWNED and not any("first failure" in line for line in lines)

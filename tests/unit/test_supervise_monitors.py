@@ -1,4 +1,4 @@
-"""Monitors plugged into the supervision core (orchestrator/launch/monitor.py): one written here,
+"""Monitors plugged into the supervision core (orchestrator/launch/monitor_api.py): one written here,
 unknown to the core, stops a job with its own headline; `up`'s own (orchestrator/watch/) time out a
 silent job, look into a stall, keep their findings for summary.json and write the report."""
 
@@ -16,7 +16,7 @@ from inventory.model import WatchSpec
 from orchestrator.launch import core
 from orchestrator.launch.backends.base import Emit
 from orchestrator.launch.events import Exited, Milestone, Output, Started
-from orchestrator.launch.monitor import (
+from orchestrator.launch.monitor_api import (
     Action,
     Fail,
     JobView,
@@ -31,8 +31,8 @@ from orchestrator.launch.options import LaunchOptions
 from orchestrator.launch.plan import LaunchPlan
 from orchestrator.launch.result import RunResult
 from orchestrator.remote.wire import RankPhase, StepWindow
+from orchestrator.watch.factory import standard_monitors
 from orchestrator.watch.hang import HangTimeout
-from orchestrator.watch.monitors import standard_monitors
 from orchestrator.watch.progress import ProgressWatch
 from orchestrator.watch.rendezvous import RendezvousWatchdog
 from orchestrator.watch.report import ReportWriter

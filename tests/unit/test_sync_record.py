@@ -288,7 +288,7 @@ def test_a_lost_connection_keeps_the_original_error_and_a_full_disk_is_refused_b
     assert err.message == "copying a.py to /srv/proj failed: closed"
     full = no_room("node1", "/srv/proj", 20 << 20, 1 << 20)
     assert full is not None and full.message == ("cannot write to /srv/proj: No space left on device "
-                                                 "(20.0 MiB to send, 1.0 MiB free)")
+                                                 "(20 MiB to send, 1.0 MiB free)")
     assert no_room("node1", "/srv/proj", 1 << 20, 1 << 20) is None and no_room("n", "/r", 5, None) is None
 
 

@@ -15,7 +15,7 @@ from node_agent.host.factparse import parse_nvidia_gpu_stats
 from orchestrator.cli import app
 from orchestrator.commands import top as top_command
 from orchestrator.errors import HostError, HostErrorKind
-from orchestrator.hostops.top import HostState, TopRow, TopSession, build_report, selected_gpus, sort_key
+from orchestrator.hostops.top import TopRow, TopSession, TopState, build_report, selected_gpus, sort_key
 from orchestrator.remote.wire import HostTop, parse_top
 
 WINDOW = {"steps": 20, "seconds": 2.0, "p50_ms": 95.0, "p95_ms": 120.0}
@@ -57,7 +57,7 @@ def test_a_busy_host_row_takes_the_slowest_rank_and_sums_its_gpus() -> None:
     report = build_report("toy", {"n0": host("n0", [node([rank(0, 10.5, 95, 120), rank(1, 9.8, 101, 130)])],
                                                "busy.csv")}, {})
     (row,) = report.rows
-    assert (row.host, row.state, row.ranks_alive, row.ranks_expected) == ("n0", HostState.RUNNING, 2, 2)
+    assert (row.host, row.state, row.ranks_alive, row.ranks_expected) == ("n0", TopState.RUNNING, 2, 2)
     assert (row.steps_per_s, row.p50_ms, row.p95_ms, row.step, row.total) == (9.8, 101, 130, 100, 1000)
     assert (row.gpus, row.gpu_util_min, row.gpu_util_max) == (4, 95, 99)
     assert row.gpu_memory_used_mib == 71234 + 71302 + 71188 + 71250
@@ -69,21 +69,21 @@ def test_a_busy_host_row_takes_the_slowest_rank_and_sums_its_gpus() -> None:
 
 def test_nvml_failure_is_the_rows_error_and_keeps_cpu_memory_and_steps() -> None:
     (row,) = build_report(None, {"n1": host("n1", [node([rank(0, 10.0)])], "nvml_failed.txt")}, {}).rows
-    assert row.state is HostState.ERROR
+    assert row.state is TopState.ERROR
     assert row.error == "Failed to initialize NVML: Driver/library version mismatch"
     assert (row.cpu_pct, row.rss_bytes, row.steps_per_s, row.gpu_util_min) == (187.5, 3 << 30, 10.0, None)
 
 
 def test_a_lost_gpu_is_named_in_the_rows_error_and_the_others_still_count() -> None:
     (row,) = build_report(None, {"n2": host("n2", [node([rank(0, 10.0)])], "gpu_lost.txt")}, {}).rows
-    assert row.state is HostState.ERROR
+    assert row.state is TopState.ERROR
     assert row.error == "GPU 0000:3B:00.0: GPU is lost.  Reboot the system to recover this GPU"
     assert (row.gpus, row.gpu_util_min, row.gpu_util_max) == (3, 88, 90)
 
 
 def test_na_fields_leave_those_columns_empty() -> None:
     (row,) = build_report(None, {"n3": host("n3", [node([rank(0, 1.0)])], "na_fields.csv")}, {}).rows
-    assert (row.state, row.gpu_util_min, row.gpu_util_max, row.power_w) == (HostState.RUNNING, 12, 12, None)
+    assert (row.state, row.gpu_util_min, row.gpu_util_max, row.power_w) == (TopState.RUNNING, 12, 12, None)
     assert row.gpu_memory_used_mib == 1027
 
 
@@ -101,18 +101,18 @@ def test_a_host_without_the_job_is_a_no_job_row_with_its_gpus_and_an_ended_node_
     report = build_report("toy", {"idle": host("idle", [], "idle.csv"),
                                   "done": host("done", [node([rank(0, 0.0, stalled=True)], running=False)])}, {})
     done, idle = report.rows
-    assert (idle.state, idle.gpus, idle.gpu_util_max, idle.job_id) == (HostState.NO_JOB, 2, 0, None)
+    assert (idle.state, idle.gpus, idle.gpu_util_max, idle.job_id) == (TopState.NO_JOB, 2, 0, None)
     assert (done.state, done.detail, done.steps_per_s, done.stalled) == \
-        (HostState.NO_JOB, "node 0 exited (exit code 1)", None, False)
+        (TopState.NO_JOB, "node 0 exited (exit code 1)", None, False)
     assert not report.running
 
 
 @pytest.mark.parametrize(("kind", "state"), [
-    (HostErrorKind.UNREACHABLE, HostState.UNREACHABLE), (HostErrorKind.TIMEOUT, HostState.UNREACHABLE),
-    (HostErrorKind.LOST, HostState.UNREACHABLE), (HostErrorKind.SSHD_DOWN, HostState.UNREACHABLE),
-    (HostErrorKind.AUTH, HostState.ERROR), (HostErrorKind.AGENT, HostState.ERROR),
+    (HostErrorKind.UNREACHABLE, TopState.UNREACHABLE), (HostErrorKind.TIMEOUT, TopState.UNREACHABLE),
+    (HostErrorKind.LOST, TopState.UNREACHABLE), (HostErrorKind.SSHD_DOWN, TopState.UNREACHABLE),
+    (HostErrorKind.AUTH, TopState.ERROR), (HostErrorKind.AGENT, TopState.ERROR),
 ])
-def test_a_host_that_gave_no_answer_is_a_row_with_its_error(kind: HostErrorKind, state: HostState) -> None:
+def test_a_host_that_gave_no_answer_is_a_row_with_its_error(kind: HostErrorKind, state: TopState) -> None:
     err = HostError("n9", kind, "it failed", "do this")
     (row,) = build_report(None, {}, {"n9": err}).rows
     assert (row.host, row.state, row.error, row.fix) == ("n9", state, "it failed", "do this")

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from orchestrator.launch.monitor import Monitor
+from orchestrator.launch.monitor_api import Monitor
 from orchestrator.launch.options import LaunchOptions
 from orchestrator.launch.plan import LaunchPlan
 from orchestrator.watch.hang import HangTimeout
-from orchestrator.watch.monitor import Watch
+from orchestrator.watch.job_state import Watch
 from orchestrator.watch.progress import ProgressWatch
 from orchestrator.watch.rendezvous import RendezvousWatchdog
 from orchestrator.watch.report import ReportWriter

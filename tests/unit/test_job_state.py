@@ -1,4 +1,4 @@
-"""The running job's watch (orchestrator/watch/monitor.py), fed the ranks' step records as the
+"""The running job's watch (orchestrator/watch/job_state.py), fed the ranks' step records as the
 supervision parses them (orchestrator/remote/wire.py RankPhase), with explicit clock values; and
 the pulse that prints its progress where there is no status line (orchestrator/launch/observer.py)."""
 
@@ -14,7 +14,7 @@ from orchestrator.launch.observer import Pulse
 from orchestrator.launch.progress import Status, duration
 from orchestrator.launch.result import Finding
 from orchestrator.remote.wire import RankPhase, StepWindow
-from orchestrator.watch.monitor import POINTS, STALL_P95_FACTOR, Watch
+from orchestrator.watch.job_state import POINTS, STALL_P95_FACTOR, Watch
 from orchestrator.watch.straggler import MIN_ROUNDS, WINDOW_SAMPLES
 
 FILL = max(MIN_ROUNDS, -(-WINDOW_SAMPLES // 10))  # rounds of window()'s 10 samples that fill a rank's window

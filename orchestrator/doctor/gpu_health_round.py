@@ -10,7 +10,7 @@ from inventory import Host
 from inventory.gpus import selection
 from orchestrator.checks.gpu_health import gpu_health_findings, unreachable
 from orchestrator.checks.model import Finding
-from orchestrator.remote.gpu_health import call_gpu_health
+from orchestrator.remote.gpu_health_call import call_gpu_health
 from orchestrator.remote.pool import HostPool
 
 

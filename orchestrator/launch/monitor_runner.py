@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from orchestrator.checks.model import ProbeResults
 from orchestrator.hostops.stacks import StacksReport
-from orchestrator.launch.monitor import (
+from orchestrator.launch.monitor_api import (
     Action,
     DumpStacks,
     Fail,

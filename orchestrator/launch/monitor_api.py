@@ -1,7 +1,7 @@
 """The seam between the supervision core and what watches a job from above (the rendezvous
 watchdog, the hang timeout, progress and stalls, the report): a monitor receives the core's events
 and ticks with a read-only view of the job, and returns actions, which are data. The core imports
-no monitor; callers pass a MonitorFactory (orchestrator/watch/monitors.py builds `up`'s)."""
+no monitor; callers pass a MonitorFactory (orchestrator/watch/factory.py builds `up`'s)."""
 
 from __future__ import annotations
 
