@@ -82,15 +82,14 @@ def one(n: int, round_s: float, mbps: float, slow: Mapping[int, float], starved:
         seed: int) -> dict[str, Any]:
     clock = SimulatedClock()
     hosts = SimHosts(clock, n, round_s, mbps, slow, starved, seed)
-    coordinator = Coordinator(n, hosts, Settings(cpu_links=False), clock.clock())
+    coordinator = Coordinator(n, hosts, Settings(backend="nccl"), clock.clock())
     cpu = time.process_time()
     figures = coordinator.run()
     cpu = time.process_time() - cpu
-    figures["backend"] = "nccl"
     names = [f"node{i}" for i in range(n)]
     named = sorted({(f.check, f.host or "") for f in analyse(names, figures) if f.status.value in ("warn", "fail")})
-    return {"rounds": figures["rounds"], "pairs": len(figures["links"]), "all": n * (n - 1) // 2,
-            "phases": figures["phases"], "sim_s": clock.t, "cpu_s": cpu, "named": named}
+    return {"rounds": figures.rounds, "pairs": len(figures.links), "all": n * (n - 1) // 2,
+            "phases": figures.phases, "sim_s": clock.t, "cpu_s": cpu, "named": named}
 
 
 def main() -> int:
@@ -114,8 +113,8 @@ def main() -> int:
             r = one(n, args.round_s, args.mbps, slow, starved, args.seed)
             ph = r["phases"]
             named = ", ".join(f"{h} ({c})" for c, h in r["named"]) or "-"
-            print(f"{n:>5}  {name:<34} {r['rounds']:>6} {r['pairs']:>6}/{r['all']:<6} {ph.get('join_s', 0):>5.1f}s "
-                  f"{ph.get('compute_s', 0):>7.1f}s {ph.get('links_s', 0):>6.1f}s {r['sim_s']:>6.1f}s "
+            print(f"{n:>5}  {name:<34} {r['rounds']:>6} {r['pairs']:>6}/{r['all']:<6} {ph.join_s or 0:>5.1f}s "
+                  f"{ph.compute_s or 0:>7.1f}s {ph.links_s or 0:>6.1f}s {r['sim_s']:>6.1f}s "
                   f"{r['cpu_s']:>5.2f}s  {named}")
     return 0
 

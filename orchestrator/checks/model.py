@@ -11,6 +11,7 @@ from typing import Any
 from inventory import Host, HostNproc
 from orchestrator.errors import HostError
 from orchestrator.remote.wire import HostFacts
+from train_jobs.hostcheck.figures import DeepFigures
 
 
 class CheckStatus(str, enum.Enum):
@@ -157,7 +158,7 @@ class Report:
     elapsed_s: float = 0.0
     phases: dict[str, float] = field(default_factory=dict)  # phase -> seconds
     bandwidth: dict[str, Any] | None = None  # --bandwidth: the allreduce_bench BANDWIDTH json
-    deep: dict[str, Any] | None = None  # --deep: the host check's figures (orchestrator/doctor/deep.py)
+    deep: DeepFigures | None = None  # --deep: the host check's figures (orchestrator/doctor/deep.py)
     facts: Mapping[str, HostFacts] = field(default_factory=dict)  # what each host that answered said (not in --json)
 
     def cell(self, host: str, check: str) -> CheckStatus:
@@ -187,5 +188,5 @@ class Report:
             "elapsed_s": round(self.elapsed_s, 3),
             "phases": {k: round(v, 3) for k, v in self.phases.items()},
             "bandwidth": self.bandwidth,
-            "deep": self.deep,
+            "deep": None if self.deep is None else self.deep.to_json(),
         }

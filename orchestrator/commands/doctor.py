@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
@@ -18,6 +18,7 @@ from orchestrator.sizes import size_text
 
 if TYPE_CHECKING:
     from orchestrator.doctor.collective import BandwidthReport
+    from train_jobs.hostcheck.figures import DeepFigures
 
 JobArg = Annotated[Path | None, typer.Argument(help="Job file (job.toml); its hosts, env and "
                                                "rendezvous are checked.")]
@@ -107,7 +108,7 @@ def doctor_command(
         render(checked.report, console, strict)
         if checked.bandwidth is not None and checked.bandwidth.table:
             render_bandwidth(checked.bandwidth, console)
-        if checked.report.deep:
+        if checked.report.deep is not None:
             render_deep(checked.report.deep, console)
     raise typer.Exit(checked.report.exit_code(strict))
 
@@ -141,17 +142,15 @@ def render_bandwidth(bw: BandwidthReport, out: Console) -> None:
     out.print(table)
 
 
-def render_deep(figures: dict[str, Any], out: Console) -> None:
+def render_deep(figures: DeepFigures, out: Console) -> None:
     """--deep's figures per host: each device's compute, and the range of its links."""
     from orchestrator.checks.compute import flops_text
 
-    hosts: list[str] = figures["hosts"]
     table = Table("host", "compute", "links (slowest .. fastest, MB/s)",
-                  title=f"doctor --deep: {figures['rounds']} round(s), {figures['backend']}")
-    for rank, host in enumerate(hosts):
-        devices = [d for d in figures["compute"] if d["rank"] == rank]
-        compute = ", ".join(flops_text(d["tflops"]) for d in devices)
-        rates = sorted(link["mbps"] for link in figures["links"] if rank in (link["a"], link["b"]))
+                  title=f"doctor --deep: {figures.rounds} round(s), {figures.backend}")
+    for rank, host in enumerate(figures.hosts or ()):
+        compute = ", ".join(flops_text(d.tflops) for d in figures.compute if d.rank == rank)
+        rates = sorted(link.figure.mbps for link in figures.links if rank in (link.a, link.b))
         links = f"{_rate(rates[0])} .. {_rate(rates[-1])} ({len(rates)})" if rates else "-"
         table.add_row(host, compute, links)
     out.print(table)

@@ -59,10 +59,18 @@ def bandwidth(job: Job, backend: Backend, runs_dir: Path, max_bytes: str = "64M"
     return run, result_line(run, "BANDWIDTH ")
 
 
-def result_line(run: CollectiveRun, prefix: str) -> dict[str, Any] | None:
-    """The JSON a collective job printed after `prefix` (rank 0's result), if it did."""
+def result_text(run: CollectiveRun, prefix: str) -> str | None:
+    """What a collective job printed after `prefix` (rank 0's result), if it did."""
     for _host, _rank, text in run.output.lines:
         if text.startswith(prefix):
-            parsed: dict[str, Any] = json.loads(text[len(prefix):])
-            return parsed
+            return text[len(prefix):]
     return None
+
+
+def result_line(run: CollectiveRun, prefix: str) -> dict[str, Any] | None:
+    """The JSON a collective job printed after `prefix` (rank 0's result), if it did."""
+    text = result_text(run, prefix)
+    if text is None:
+        return None
+    parsed: dict[str, Any] = json.loads(text)
+    return parsed

@@ -7,16 +7,20 @@ The first two are one short program through the real launch path, run by each ho
 inline (train_jobs/hostcheck: the hosts need torch, not this repository). Every wait has a deadline
 derived from the hosts that finished (train_jobs/hostcheck/schedule.py), and a host that misses it
 is named while the rest goes on; once node 0 prints the figures, the hosts still at it are stopped.
-The analysis is pure (orchestrator/checks/links.py, compute.py).
+
+The figures are one message, declared once in train_jobs/hostcheck/figures.py (`DeepFigures`): node 0
+prints its JSON (`DDPCTL-DEEP <json>`), this module decodes it once (`from_json`; a line that does not
+fit is no result) and adds the hosts by rank and the logs; the analysis (pure: orchestrator/checks/
+links.py, compute.py), the CLI's table and `--json`'s "deep" read its attributes.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 from inventory import Job
 from orchestrator.checks import catalog
@@ -25,7 +29,7 @@ from orchestrator.checks.links import LinkRate, LinkRounds, link_findings
 from orchestrator.checks.model import CheckStatus, Finding
 from orchestrator.checks.spec import Runs
 from orchestrator.doctor.collective import failure_evidence, launch_error
-from orchestrator.doctor.collective_jobs import result_line, run_collective
+from orchestrator.doctor.collective_jobs import CollectiveRun, result_text, run_collective
 from orchestrator.doctor.gpu_health_round import gpu_health_round
 from orchestrator.errors import HostError, HostsFailed, LaunchBlocked
 from orchestrator.launch.backends.base import Backend
@@ -36,22 +40,21 @@ from orchestrator.launch.options import LaunchOptions
 from orchestrator.launch.plan import LaunchPlan
 from orchestrator.remote.pool import HostPool
 from orchestrator.watch.factory import standard_monitors
-from train_jobs.hostcheck.coordinate import Missed
-from train_jobs.hostcheck.verdict import Figure
+from train_jobs.hostcheck.figures import DeepFigures, Missed
 
 RESULT = "DDPCTL-DEEP "
 LINKS_BUDGET_S = 20.0  # seconds of tournament rounds before the covering schedule takes over
 EXCHANGE_BYTES = 2 << 20  # each way, per timed exchange
 DEADLINE_S = 120.0  # the job is stopped after this long without a line of output
-SOURCES = ("hostcheck/__init__.py", "hostcheck/verdict.py", "hostcheck/schedule.py", "hostcheck/coordinate.py",
-           "hostcheck/check.py")
+SOURCES = ("hostcheck/__init__.py", "hostcheck/verdict.py", "hostcheck/figures.py", "hostcheck/schedule.py",
+           "hostcheck/coordinate.py", "hostcheck/check.py")  # a module after those it imports
 
 
 @dataclass
 class DeepReport:
     """The figures (`--json`'s "deep") and the findings."""
 
-    figures: dict[str, Any] | None = None
+    figures: DeepFigures | None = None  # None: the host check printed none (or one that does not decode)
     findings: list[Finding] = field(default_factory=list)
 
 
@@ -89,7 +92,7 @@ def monitors(plan: LaunchPlan, options: LaunchOptions) -> Sequence[Monitor]:
     return [*standard_monitors(plan, options), StopAtResult()]
 
 
-def _late(hosts: list[str], missed: list[Missed]) -> list[Late]:
+def _late(hosts: list[str], missed: Sequence[Missed]) -> list[Late]:
     """The hosts that missed the join or a compute deadline, in words."""
     out = []
     for m in missed:
@@ -104,17 +107,15 @@ def _late(hosts: list[str], missed: list[Missed]) -> list[Late]:
     return out
 
 
-def analyse(hosts: list[str], figures: dict[str, Any]) -> list[Finding]:
+def analyse(hosts: list[str], figures: DeepFigures) -> list[Finding]:
     """The compute and links findings of one run's figures (`hosts`: by rank)."""
-    devices = [DeviceRate(hosts[row["rank"]], row["device"], row["model"], float(row["tflops"]),
-                          gpu=row["gpu"] is not None, windows=len(row.get("windows") or [1]))
-               for row in figures["compute"]]
-    rates = tuple(LinkRate.of(hosts[row["a"]], hosts[row["b"]], Figure.from_json(row)) for row in figures["links"])
-    rounds = LinkRounds(rates, int(figures["rounds"]), bool(figures["all_pairs"]), int(figures["bytes"]),
-                        str(figures["backend"]))
+    devices = [DeviceRate(hosts[row.rank], row.device, row.model, row.tflops, gpu=row.gpu is not None,
+                          windows=len(row.windows) or 1) for row in figures.compute]
+    rates = tuple(LinkRate.of(hosts[row.a], hosts[row.b], row.figure) for row in figures.links)
+    rounds = LinkRounds(rates, figures.rounds, figures.all_pairs, figures.nbytes, figures.backend)
     slow_cpus = {d.host for d in slow_devices(devices) if not d.gpu}
-    late = _late(hosts, [Missed.from_json(m) for m in figures.get("missed", [])])
-    tested = [hosts[r] for r in figures.get("tested", range(len(hosts)))]
+    late = _late(hosts, figures.missed)
+    tested = [hosts[r] for r in figures.tested]
     return (compute_findings(hosts, devices, late=late)
             + link_findings(hosts if len(tested) > 2 else tested, rounds, slow_cpus))
 
@@ -142,17 +143,25 @@ def host_check(job: Job, backend: Backend, runs_dir: Path, links_budget: float, 
     except (HostError, HostsFailed, LaunchBlocked) as exc:
         out.findings += [launch_error(check, exc) for check in job_checks()]
         return out
-    out.figures = result_line(run, RESULT)
-    if out.figures is None:
-        out.findings += [Finding(check, CheckStatus.FAIL, run.result.first_failure.host if run.result.first_failure
-                                 else None, "the host check printed no result",
-                                 evidence=failure_evidence(run) + f"\nlogs: {run.result.run_dir}",
-                                 fix="run ddpctl doctor --smoke: a collective across the hosts must work first")
-                         for check in job_checks()]
+    text = result_text(run, RESULT)
+    try:
+        figures = None if text is None else DeepFigures.from_json(json.loads(text))
+    except ValueError as exc:  # a line cut short or of another shape: no result, said in the evidence
+        out.findings += no_result(run, f"\nits result line does not decode ({exc})")
         return out
-    by_rank = sorted(run.plan.hosts, key=lambda h: h.node_rank)
-    names = [h.host.name for h in by_rank]
-    out.figures["hosts"] = names
-    out.figures["logs"] = str(run.result.run_dir)
+    if figures is None:
+        out.findings += no_result(run)
+        return out
+    names = [h.host.name for h in sorted(run.plan.hosts, key=lambda h: h.node_rank)]
+    out.figures = replace(figures, hosts=tuple(names), logs=str(run.result.run_dir))
     out.findings += analyse(names, out.figures)
     return out
+
+
+def no_result(run: CollectiveRun, why: str = "") -> list[Finding]:
+    """Each job check's failure where the host check printed no figures (`why`: none that decode)."""
+    return [Finding(check, CheckStatus.FAIL, run.result.first_failure.host if run.result.first_failure else None,
+                    "the host check printed no result",
+                    evidence=failure_evidence(run) + why + f"\nlogs: {run.result.run_dir}",
+                    fix="run ddpctl doctor --smoke: a collective across the hosts must work first")
+            for check in job_checks()]

@@ -5,13 +5,15 @@ compared with its own model only, and a healthy spread gives no warning."""
 from __future__ import annotations
 
 import random
-from typing import Any
+from collections.abc import Sequence
 
 from orchestrator.checks.compute import DeviceRate, compute_findings
 from orchestrator.checks.links import LinkRate, LinkRounds, link_findings
 from orchestrator.checks.model import CheckStatus, Finding
 from orchestrator.doctor.deep import analyse
+from train_jobs.hostcheck.figures import ComputeRow, DeepFigures, LinkRow, Missed, Phases
 from train_jobs.hostcheck.schedule import round_robin
+from train_jobs.hostcheck.verdict import Figure
 
 HOSTS = [f"node{i}" for i in range(8)]
 
@@ -116,14 +118,21 @@ def test_a_throttled_cpu_host_is_named_and_a_noisy_spread_is_not() -> None:
     assert "GFLOP/s" in found["node6"][0]
 
 
+def cpu(rank: int, tflops: float) -> ComputeRow:
+    return ComputeRow(rank, "cpu", None, "cpu", tflops)
+
+
+def run_of(compute: Sequence[ComputeRow], links: Sequence[LinkRow], tested: Sequence[int], rounds: int = 3,
+           all_pairs: bool = True, missed: Sequence[Missed] = (), hosts: Sequence[str] | None = None) -> DeepFigures:
+    """The figures of one host check: 2 MiB exchanges over gloo."""
+    return DeepFigures(2 << 20, 2, rounds, all_pairs, tuple(links), tuple(compute), tuple(tested), tuple(missed),
+                       Phases(), "gloo", hosts=None if hosts is None else tuple(hosts))
+
+
 def test_the_figures_of_one_run_map_ranks_to_hosts() -> None:
-    figures: dict[str, Any] = {
-        "backend": "gloo", "bytes": 2 << 20, "rounds": 3, "all_pairs": True,
-        "compute": [{"rank": r, "device": "cpu", "gpu": None, "model": "cpu", "tflops": 0.1 if r != 2 else 0.01}
-                    for r in range(4)],
-        "links": [{"a": a, "b": b, "mbps": 5.0 if 1 in (a, b) else 900.0, "measured": 3}
-                  for r in round_robin(4) for a, b in r],
-    }
+    figures = run_of([cpu(r, 0.1 if r != 2 else 0.01) for r in range(4)],
+                     [LinkRow(a, b, Figure(5.0 if 1 in (a, b) else 900.0, 3)) for r in round_robin(4) for a, b in r],
+                     tested=range(4))
     found = warned(analyse(HOSTS[:4], figures))
     assert set(found) == {"node1", "node2"}
     assert found["node1"][0].startswith("its links are") and found["node2"][0].startswith("compute")
@@ -134,11 +143,9 @@ def test_the_figures_table_shows_each_hosts_compute_and_link_range() -> None:
 
     from orchestrator.commands.doctor import render_deep
 
-    figures: dict[str, Any] = {
-        "hosts": ["node0", "node1", "node2"], "rounds": 3, "backend": "gloo",
-        "compute": [{"rank": r, "tflops": t} for r, t in enumerate((0.18, 0.02, 2.5))],
-        "links": [{"a": 0, "b": 1, "mbps": 2.5}, {"a": 0, "b": 2, "mbps": 1150.0}, {"a": 1, "b": 2, "mbps": 2.4}],
-    }
+    figures = run_of([cpu(r, t) for r, t in enumerate((0.18, 0.02, 2.5))],
+                     [LinkRow(0, 1, Figure(2.5)), LinkRow(0, 2, Figure(1150.0)), LinkRow(1, 2, Figure(2.4))],
+                     tested=range(3), hosts=["node0", "node1", "node2"])
     console = Console(record=True, width=120)
     render_deep(figures, console)
     text = console.export_text()
@@ -212,12 +219,9 @@ def test_a_slow_pair_whose_end_is_slow_with_others_too_is_not_a_pair_verdict() -
 
 
 def test_a_host_late_for_its_compute_test_is_named_with_the_deadline_and_the_others_time() -> None:
-    figures: dict[str, Any] = {
-        "backend": "gloo", "bytes": 2 << 20, "rounds": 3, "all_pairs": False, "tested": [0, 1, 3],
-        "compute": [{"rank": r, "device": "cpu", "gpu": None, "model": "cpu", "tflops": 0.1} for r in (0, 1, 3)],
-        "links": [{"a": a, "b": b, "mbps": 900.0, "measured": 1} for a, b in ((0, 1), (0, 3), (1, 3))],
-        "missed": [{"phase": "compute", "ranks": [2], "after_s": 12.0, "others_s": 0.4, "detail": "", "round": None}],
-    }
+    links = [LinkRow(a, b, Figure(900.0)) for a, b in ((0, 1), (0, 3), (1, 3))]
+    figures = run_of([cpu(r, 0.1) for r in (0, 1, 3)], links, tested=(0, 1, 3), all_pairs=False,
+                     missed=[Missed("compute", (2,), 12.0, 0.4)])
     findings = analyse(HOSTS[:4], figures)
     found = warned(findings)
     assert found == {"node2": ["did not finish its compute test in 12 s; the others took 0.4 s "

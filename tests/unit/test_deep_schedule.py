@@ -145,12 +145,12 @@ def quick(rank: int, command: dict[str, Any]) -> float:
 def test_a_host_that_never_joins_is_named_at_the_join_deadline_and_the_rest_goes_on() -> None:
     c, _ = coordinator(6, {0: 0.0, 1: 0.5, 2: 0.5, 3: 0.6, 4: None, 5: 0.7}, quick)
     out = c.run()
-    (missed,) = out["missed"]
-    assert missed["phase"] == "join" and missed["ranks"] == [4]
-    assert missed["after_s"] == schedule.JOIN_BOUND[0] and missed["others_s"] == pytest.approx(0.5, abs=0.06)
-    assert out["tested"] == [0, 1, 2, 3, 5] and out["all_pairs"] is False
-    assert len(out["links"]) == 10 and all(4 not in (row["a"], row["b"]) for row in out["links"])
-    assert out["phases"]["join_s"] == pytest.approx(schedule.JOIN_BOUND[0], abs=0.1)
+    (missed,) = out.missed
+    assert missed.phase == "join" and missed.ranks == (4,)
+    assert missed.after_s == schedule.JOIN_BOUND[0] and missed.others_s == pytest.approx(0.5, abs=0.06)
+    assert out.tested == (0, 1, 2, 3, 5) and out.all_pairs is False
+    assert len(out.links) == 10 and all(4 not in (row.a, row.b) for row in out.links)
+    assert out.phases.join_s == pytest.approx(schedule.JOIN_BOUND[0], abs=0.1)
     assert all(cmd["op"] == "done" for (rank, _), (_, cmd) in c.board.posted.items() if rank == 4)  # type: ignore[attr-defined]
 
 
@@ -160,11 +160,11 @@ def test_a_host_that_does_not_finish_its_compute_window_is_named_and_left_out_of
 
     c, clock = coordinator(5, dict.fromkeys(range(5), 0.0), took)
     out = c.run()
-    (missed,) = out["missed"]
-    assert missed["phase"] == "compute" and missed["ranks"] == [2]
-    assert missed["after_s"] == pytest.approx(schedule.COMPUTE_BOUND[0])
-    assert missed["others_s"] == pytest.approx(0.3, abs=0.06)
-    assert out["tested"] == [0, 1, 3, 4] and sorted(r["rank"] for r in out["compute"]) == [0, 1, 3, 4]
+    (missed,) = out.missed
+    assert missed.phase == "compute" and missed.ranks == (2,)
+    assert missed.after_s == pytest.approx(schedule.COMPUTE_BOUND[0])
+    assert missed.others_s == pytest.approx(0.3, abs=0.06)
+    assert out.tested == (0, 1, 3, 4) and sorted(r.rank for r in out.compute) == [0, 1, 3, 4]
     assert clock.t < 3 * 5 * 0.4 + schedule.COMPUTE_BOUND[0] + 10, "one deadline, not one per window"
 
 
@@ -178,23 +178,23 @@ def test_a_pair_that_does_not_answer_is_named_its_hosts_sit_out_and_the_run_stay
 
     c, clock = coordinator(8, dict.fromkeys(range(8), 0.0), took)
     out = c.run()
-    links = [m for m in out["missed"] if m["phase"] == "links"]
-    assert links and all(6 in m["ranks"] for m in links)
+    links = [m for m in out.missed if m.phase == "links"]
+    assert links and all(6 in m.ranks for m in links)
     assert len(links) == 1, "a busy host is not paired again until it answers"
-    (row,) = [r for r in out["links"] if 6 in (r["a"], r["b"])]
-    assert row["missed"] and row["mbps"] == 0.0
+    (row,) = [r for r in out.links if 6 in (r.a, r.b)]
+    assert row.figure.missed and row.figure.mbps == 0.0
     assert clock.t < 30, clock.t  # the healthy pairs took 0.1 s a round; the stuck one its deadline once
 
 
 def test_a_slow_host_sits_out_is_confirmed_by_a_second_measurement_and_its_peers_are_cleared() -> None:
     c, _ = coordinator(8, dict.fromkeys(range(8), 0.0), quick, slow=frozenset({3}))
     out = c.run()
-    rates = {(r["a"], r["b"]): Figure(r["mbps"], r["measured"]) for r in out["links"]}
+    rates = {(r.a, r.b): Figure(r.figure.mbps, r.figure.measured) for r in out.links}
     judged = judge(list(range(8)), rates)
     assert judged.hosts[3].kind == "slow" and judged.pairs == [] and judged.doubt == []
     assert sum(1 for p, f in rates.items() if 3 in p and f.measured >= 2) >= 2
     # slow with each of its first partners, it sat out the rest of the tournament
-    assert len([p for p in rates if 3 in p]) == schedule.MIN_ROUNDS and out["all_pairs"] is False
+    assert len([p for p in rates if 3 in p]) == schedule.MIN_ROUNDS and out.all_pairs is False
     assert len([p for p in rates if 3 not in p]) == 21, "the others met every other host"
 
 
@@ -214,6 +214,6 @@ def test_a_host_that_looks_slow_at_compute_gets_more_windows_before_a_verdict() 
     c = Coordinator(6, FakeBoard(clock, dict.fromkeys(range(6), 0.0), quick, answer), Settings(links_budget=5.0),
                     clock.clock())
     c.run()
-    best = {row["rank"]: row["tflops"] for row in c.compute_rows}
+    best = {row.rank: row.tflops for row in c.compute_rows}
     assert best[2] == 0.1 and best[4] == 0.01, "the burst is cleared, the slow host stays slow"
     assert done[2] == WINDOWS + 1 and done[4] == WINDOWS + AGAIN_WINDOWS and done[0] == WINDOWS

@@ -16,8 +16,9 @@ while that takes under MIN_EXCHANGE_S (MAX_EXCHANGES at most); where the warm-up
 might not fit the cap the coordinator gave, in CHUNKS pieces, and it stops itself at the cap (what
 moved by then is its figure). A pair's figure is its best exchange, MB/s one way.
 
-Node 0 prints `DDPCTL-DEEP <json>` (coordinate.Coordinator.figures, plus "backend") at the end, and
-`DDPCTL-DEEP-ROUND <i> <pairs>` as each link round ends (progress, so a long run never looks hung).
+Node 0 prints `DDPCTL-DEEP <json>` at the end (the figures, declared once: figures.DeepFigures, which
+coordinate.Coordinator builds), and `DDPCTL-DEEP-ROUND <i> <pairs>` as each link round ends (progress,
+so a long run never looks hung).
 Where the job runs: DDPCTL_NODE_RANK, DDPCTL_NNODES and DDPCTL_COORDINATOR (host:port) from the plan.
 """
 
@@ -29,6 +30,7 @@ import os
 import sys
 import threading
 import time
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -274,14 +276,13 @@ def coordinate(addr: str, port: int, world: int, args: argparse.Namespace, backe
 
     thread = threading.Thread(target=own, name="hostcheck-worker", daemon=True)
     thread.start()
-    settings = Settings(args.bytes, args.iters, args.compute_seconds, args.links_budget, backend == "gloo")
+    settings = Settings(args.bytes, args.iters, args.compute_seconds, args.links_budget, backend)
     coordinator = Coordinator(world, StoreBoard(store), settings, progress=lambda line: print(line, flush=True))
     figures = coordinator.run()
     thread.join(timeout=5.0)
-    figures["backend"] = backend
     if errors:
-        figures["coordinator_host_error"] = repr(errors[0])[:300]
-    print("DDPCTL-DEEP " + json.dumps(figures), flush=True)
+        figures = replace(figures, coordinator_host_error=repr(errors[0])[:300])
+    print("DDPCTL-DEEP " + json.dumps(figures.to_json()), flush=True)
     # the store lives until the hosts that joined have read `done` (the others ddpctl stops)
     joined = [r for r in range(1, world) if store.check([f"join/{r}"])]
     deadline = time.monotonic() + 3.0

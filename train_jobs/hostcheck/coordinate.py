@@ -5,7 +5,8 @@ a pair that has not answered is named and its hosts sit out until they answer; t
 
 Messages, one JSON object each: a host posts `join` ({"boot": …}); the coordinator posts a host's
 commands in order (`{"op": "compute", "window": s}`, `{"op": "pair", "partner": r, "tag": …,
-"cap_s": s, …}`, `{"op": "done"}`) and the host replies to each (check.py's worker).
+"cap_s": s, …}`, `{"op": "done"}`) and the host replies to each (check.py's worker). What it measured is
+one DeepFigures (figures.py), which check.py prints.
 """
 
 from __future__ import annotations
@@ -13,10 +14,11 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from train_jobs.hostcheck import schedule
+from train_jobs.hostcheck.figures import ComputeRow, DeepFigures, LinkRow, Missed, Phases
 from train_jobs.hostcheck.verdict import SLOW_LINK, Figure, judge, slow_among_peers
 
 POLL_S = 0.05
@@ -64,30 +66,11 @@ class Settings:
     iters: int = 2
     window: float = 0.15  # one compute timing window
     links_budget: float = 20.0
-    cpu_links: bool = True  # gloo: a slow CPU explains a slow link
+    backend: str = "gloo"  # what the pairs exchange over: with gloo (on the CPU) a slow CPU explains a slow link
 
-
-@dataclass
-class Missed:
-    """A deadline that a host (or pair) missed."""
-
-    phase: str  # "join", "compute" or "links"
-    ranks: tuple[int, ...]
-    after_s: float  # the deadline it missed
-    others_s: float | None  # the median time of those that made it
-    detail: str = ""
-    round: int | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return {"phase": self.phase, "ranks": list(self.ranks), "after_s": round(self.after_s, 3),
-                "others_s": None if self.others_s is None else round(self.others_s, 3),
-                "detail": self.detail, "round": self.round}
-
-    @classmethod
-    def from_json(cls, row: Mapping[str, Any]) -> Missed:
-        others = row.get("others_s")
-        return cls(str(row["phase"]), tuple(int(r) for r in row["ranks"]), float(row["after_s"]),
-                   None if others is None else float(others), str(row.get("detail", "")), row.get("round"))
+    @property
+    def cpu_links(self) -> bool:
+        return self.backend == "gloo"
 
 
 @dataclass
@@ -102,12 +85,12 @@ class Coordinator:
     missed: list[Missed] = field(default_factory=list)
     joins: dict[int, dict[str, Any]] = field(default_factory=dict)
     kernels: dict[int, str] = field(default_factory=dict)  # rank -> its boot id (hosts on one machine share it)
-    compute_rows: list[dict[str, Any]] = field(default_factory=list)
+    compute_rows: list[ComputeRow] = field(default_factory=list)
     rates: dict[schedule.Pair, Figure] = field(default_factory=dict)
     seen_in: dict[schedule.Pair, list[int]] = field(default_factory=dict)
     pair_times: list[float] = field(default_factory=list)
     rounds: int = 0
-    phases: dict[str, float] = field(default_factory=dict)
+    phases: Phases = field(default_factory=Phases)
 
     # -- messaging ------------------------------------------------------------------------------
     def _send(self, rank: int, command: Mapping[str, Any]) -> int:
@@ -168,7 +151,7 @@ class Coordinator:
         if late:
             self.missed.append(Missed("join", late, limit, statistics.median(delays) if delays else None,
                                       "did not start its host check"))
-        self.phases["join_s"] = self.clock.now() - started
+        self.phases = replace(self.phases, join_s=self.clock.now() - started)
         return sorted(self.joins)
 
     def compute(self, ranks: Sequence[int]) -> list[int]:
@@ -190,12 +173,12 @@ class Coordinator:
                 break
             self._windows(active, slot, windows, times, only=again)
         self.compute_rows = self._rows(active, windows, sharing)
-        self.phases["compute_s"] = self.clock.now() - started
+        self.phases = replace(self.phases, compute_s=self.clock.now() - started)
         return active
 
     @staticmethod
     def _rows(active: Sequence[int], windows: Mapping[int, list[list[dict[str, Any]]]],
-              sharing: Mapping[int, int]) -> list[dict[str, Any]]:
+              sharing: Mapping[int, int]) -> list[ComputeRow]:
         return [row for r in active for row in best_windows(r, windows[r], sharing[r])]
 
     def _windows(self, active: list[int], slot: Mapping[int, int], windows: dict[int, list[list[dict[str, Any]]]],
@@ -244,7 +227,7 @@ class Coordinator:
                 break
             self._round(plan[0])
         self._finish_busy()
-        self.phases["links_s"] = self.clock.now() - started
+        self.phases = replace(self.phases, links_s=self.clock.now() - started)
         n = len(ranks)
         return len(self.rates) == n * (n - 1) // 2  # every pair met (none sat out, none skipped busy)
 
@@ -259,11 +242,11 @@ class Coordinator:
             best[a], best[b] = max(best.get(a, 0.0), f.mbps), max(best.get(b, 0.0), f.mbps)
         return any(v * SLOW_LINK < median for h, v in best.items() if h not in already)
 
-    def _slow_compute(self, rows: Sequence[Mapping[str, Any]] | None = None) -> set[int]:
+    def _slow_compute(self, rows: Sequence[ComputeRow] | None = None) -> set[int]:
         """The ranks with a device below 1/SLOW_COMPUTE of its peers' median (of the same model)."""
         rows = self.compute_rows if rows is None else rows
-        found = slow_among_peers([row["model"] for row in rows], [row["tflops"] for row in rows])
-        return {rows[i]["rank"] for i in found}
+        found = slow_among_peers([row.model for row in rows], [row.tflops for row in rows])
+        return {rows[i].rank for i in found}
 
     def _round(self, pairs: Sequence[schedule.Pair]) -> None:
         self._collect_late()
@@ -311,7 +294,7 @@ class Coordinator:
         for rank in range(self.world):
             self._send(rank, {"op": "done"})
 
-    def run(self) -> dict[str, Any]:
+    def run(self) -> DeepFigures:
         """Join, compute, links, done: the figures (check.py prints them)."""
         joined = self.join()
         active = self.compute(joined)
@@ -321,24 +304,24 @@ class Coordinator:
         self.done()
         return self.figures(active, every)
 
-    def figures(self, active: Sequence[int], every: bool) -> dict[str, Any]:
-        links = [{"a": a, "b": b, **f.to_json(), "rounds": self.seen_in.get((a, b), [])}
-                 for (a, b), f in self.rates.items()]
-        return {"schema": 2, "bytes": self.settings.nbytes, "iters": self.settings.iters, "rounds": self.rounds,
-                "all_pairs": every and len(active) == self.world, "links": links, "compute": self.compute_rows,
-                "tested": list(active), "missed": [m.to_json() for m in self.missed],
-                "phases": {k: round(v, 3) for k, v in self.phases.items()}}
+    def figures(self, active: Sequence[int], every: bool) -> DeepFigures:
+        links = tuple(LinkRow(a, b, f, tuple(self.seen_in.get((a, b), ()))) for (a, b), f in self.rates.items())
+        return DeepFigures(self.settings.nbytes, self.settings.iters, self.rounds, every and len(active) == self.world,
+                           links, tuple(self.compute_rows), tuple(active), tuple(self.missed), self.phases,
+                           self.settings.backend)
 
 
-def best_windows(rank: int, windows: Sequence[Sequence[Mapping[str, Any]]], sharing: int) -> list[dict[str, Any]]:
-    """One row per device: its best window's figure, and every window's."""
-    rows: list[dict[str, Any]] = []
+def best_windows(rank: int, windows: Sequence[Sequence[Mapping[str, Any]]], sharing: int) -> list[ComputeRow]:
+    """One row per device (`windows`: the host's replies, each a row per device): its best window's
+    figure, and every window's."""
+    rows: list[ComputeRow] = []
     if not windows:
         return rows
     for i, first in enumerate(windows[0]):
         mine = [w[i] for w in windows if i < len(w)]
         best = max(mine, key=lambda d: float(d["tflops"]))
-        rows.append({"rank": rank, "device": first["device"], "gpu": first.get("gpu"), "model": first["model"],
-                     "tflops": float(best["tflops"]), "seconds": float(best.get("seconds", 0.0)),
-                     "windows": [float(d["tflops"]) for d in mine], "kernel_shared_by": sharing})
+        gpu = first.get("gpu")
+        rows.append(ComputeRow(rank, str(first["device"]), None if gpu is None else str(gpu), str(first["model"]),
+                               float(best["tflops"]), float(best.get("seconds", 0.0)),
+                               tuple(float(d["tflops"]) for d in mine), sharing))
     return rows

@@ -41,6 +41,11 @@ class Figure:
     missed: bool = False  # no figure: a host did not answer (or its partner never connected) in time
     first: float | None = None  # its first figure, in a full round (None: `mbps`)
 
+    def __post_init__(self) -> None:
+        """One form: a first figure equal to `mbps` is None (so a figure equals its decoded copy)."""
+        if self.first is not None and self.first == self.mbps:
+            object.__setattr__(self, "first", None)
+
     @property
     def rounds_figure(self) -> float:
         """What the medians are taken of: the figure of a full round, where every pair competed
