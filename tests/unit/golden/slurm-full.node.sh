@@ -68,8 +68,11 @@ if not codes:
         state = "written"
         now = os.stat(path).st_mtime
         for old in os.listdir(base):
-            if old.startswith("agent-") and os.stat(os.path.join(base, old)).st_mtime < now - 14 * 86400:
-                os.remove(os.path.join(base, old))
+            try:
+                if old.startswith("agent-") and os.stat(os.path.join(base, old)).st_mtime < now - 14 * 86400:
+                    os.remove(os.path.join(base, old))
+            except OSError:
+                pass  # gone meanwhile (another call'"'"'s prune)
     except OSError as e:
         state = "not written: %s" % e.strerror if e.errno else "not kept: no bytecode here (PYTHONDONTWRITEBYTECODE)"
     if not int(size):
