@@ -120,12 +120,12 @@ def up_rounds(trees: dict[str, Ddpctl], n: int, rounds: int, cap: float, tmp: Pa
     from bench.launch_teardown import Runner
 
     with start_cluster(n, tmp / f"up-cluster-{n}") as cluster:
-        runner = Runner(cluster, tmp, cap, {name: d.tree for name, d in trees.items()})
+        runner = Runner(cluster, tmp, cap, {name.replace(" ", "-"): d.tree for name, d in trees.items()})
         order = ["manual", *trees]
         walls: dict[str, list[float]] = {mode: [] for mode in order}
         for i in range(rounds):
             for mode in order[i % len(order):] + order[:i % len(order)]:
-                took, _ = runner.short(mode)
+                took, _ = runner.short(mode.replace(" ", "-"))  # a mode names its jobs: no spaces
                 if took is None:
                     raise SystemExit(f"{mode}: the toy job failed or ran past {cap:.0f} s at {n} hosts")
                 walls[mode].append(took)
@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--before", default=BEFORE, metavar="TREE_OR_REV", help=DDPCTL_HELP)
     parser.add_argument("--calls", type=int, default=20, help="calls per op for the per-call CPU (median)")
-    parser.add_argument("--sizes", nargs="+", type=int, default=[16, 32])
+    parser.add_argument("--sizes", nargs="*", type=int, default=[16, 32], help="doctor ÷ pdsh (none: skip)")
     parser.add_argument("--repeat", type=int, default=5, help="rounds per size on the cluster")
     parser.add_argument("--no-cluster", action="store_true", help="the per-call figures only")
     parser.add_argument("--up-sizes", nargs="*", type=int, default=[16],
@@ -161,7 +161,8 @@ def main(argv: list[str] | None = None) -> int:
         if not opts.no_cluster:
             tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="agent-shipping-")))
             os.chmod(tmp, 0o755)
-            cluster_rounds(trees, sorted(opts.sizes), opts.repeat, tmp)
+            if opts.sizes:
+                cluster_rounds(trees, sorted(opts.sizes), opts.repeat, tmp)
             if opts.up_sizes:
                 print("\n`ddpctl up` of a short job ÷ the same torchrun by parallel ssh (medians; per-run ratio)")
             for n in opts.up_sizes:
