@@ -6,7 +6,6 @@ import importlib
 import os
 import sys
 
-from node_agent.wire import protocol
 from node_agent.wire.protocol import PROTOCOL_VERSION, emit_result, read_request
 
 TYPE_CHECKING = False
@@ -63,11 +62,9 @@ def _load(op: str) -> Callable[[Dict[str, Any], Any], Dict[str, Any]]:
     return op_function
 
 
-def main(request: Optional[bytes] = None, cache: str = "") -> int:
-    """Run the request's op (its line when the bootstrap read it; `cache`: what the agent's cache
-    did, see orchestrator/remote/agent.py). Ends with os._exit: reader threads may still block on
-    stdin."""
-    protocol.agent_cache = cache
+def main(request: Optional[bytes] = None) -> int:
+    """Run the request's op (its line, where the bootstrap in orchestrator/remote/agent.py read it
+    already). Ends with os._exit: reader threads may still block on stdin."""
     code = _run(request)
     sys.stdout.flush()
     sys.stderr.flush()

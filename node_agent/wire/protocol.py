@@ -35,11 +35,6 @@ def emit_result(result: Dict[str, Any]) -> None:
     write_line(RESULT_PREFIX + json.dumps(result, sort_keys=True, default=str))
 
 
-# What the agent's cache on this host did for this call (the bootstrap in
-# orchestrator/remote/agent.py): "cached", "written", "not written: <why>", ...
-agent_cache = ""
-
-
 def read_request(stream: BinaryIO, line: "Optional[bytes]" = None) -> Dict[str, Any]:
     """The request: `line` when the bootstrap has read it already, else stdin's next line."""
     line = stream.readline() if line is None else line

@@ -1,4 +1,5 @@
-"""Ships node_agent to a host over the channel's stdin, runs one op there, and decodes its output.
+"""Runs one op of node_agent on a host (its key on the channel's stdin, its sources only where the
+host has not cached them: docs/architecture.md, "The agent, sent once"), and decodes its output.
 
 This is the one reader of the agent's stdout in the control plane: `decode` turns each line into
 an `AgentEvent`, the op's `AgentResult`, or plain program output; `call_agent` (one round trip)
@@ -37,8 +38,9 @@ from orchestrator.remote.transport import (
 # cache directory, written 0600 and atomically, read only when the user owns it and no one else may
 # write it, the trust Python gives __pycache__, and when its hash matches its content). A call that
 # sent only the key hears first whether the host has it (an `agent` event); if not, the sources
-# follow on stdin, in the same round trip. Where the cache cannot be written, each module compiles
-# when imported and each call sends the sources. The state goes to node_agent (doctor shows it).
+# follow on stdin, in the same round trip, and a second `agent` event says what the host did with
+# them ("written", "not written: <why>": doctor's ssh line shows it). Where the cache cannot be
+# written, each module compiles when imported and each call sends the sources.
 # A plain finder/loader: importlib.abc and importlib.util would cost every call ~7 ms of imports.
 BOOTSTRAP = """\
 import sys, os, marshal, importlib.machinery as m
@@ -131,7 +133,7 @@ class F:
         exec(marshal.loads(codes[mod.__name__][1] if codes else compiled(mod.__name__)), mod.__dict__)
 sys.meta_path.insert(0, F())
 import node_agent.__main__ as a
-sys.exit(a.main(request, state))
+sys.exit(a.main(request))
 """
 
 # Picks the inventory's interpreter when it exists, else python3, so a host whose configured

@@ -92,5 +92,5 @@ class F:
         exec(marshal.loads(codes[mod.__name__][1] if codes else compiled(mod.__name__)), mod.__dict__)
 sys.meta_path.insert(0, F())
 import node_agent.__main__ as a
-sys.exit(a.main(request, state))
+sys.exit(a.main(request))
 '
