@@ -41,20 +41,18 @@ class SuperviseRequest:
     sample_every: float = 0.0  # seconds between the host's GPU/CPU samples (0: none)
 
 
-TUPLES = ("launcher", "program", "forward_signals")
-
-
 def read(cls: Type[R], request: Mapping[str, Any]) -> R:
-    """`cls` from a request's JSON object: its declared keys, lists as tuples, the env's values as
-    strings; a key it lacks takes its default."""
+    """`cls` from a request's JSON object: its declared keys, a list where the field's default is a
+    tuple as a tuple of strings, an object where it is a dict as a dict of strings; a key it lacks
+    takes its default."""
     data = {}  # type: Dict[str, Any]
     for f in fields(cls):  # type: ignore[arg-type]
         if f.name not in request:
             continue
         value = request[f.name]
-        if f.name in TUPLES:
+        if isinstance(f.default, tuple):
             value = tuple(str(v) for v in value or ())
-        elif f.name == "env":
+        elif f.default_factory is dict:
             value = {str(k): str(v) for k, v in (value or {}).items()}
         data[f.name] = value
     return cls(**data)
