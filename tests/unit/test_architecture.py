@@ -135,6 +135,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("orchestrator.launch",),  # plan, pre-launch round trip, the supervision core, the backends
     ("orchestrator.checks", "orchestrator.hostops", "orchestrator.sync"),
     ("orchestrator.remote",),
+    ("orchestrator.account",),  # where a run's time went: its events and the account computed from them
     ("orchestrator.errors", "orchestrator.sizes"),  # errors that name a host; byte sizes as text
     # node_agent by role: its entry (__main__'s table of ops), the ops, the node runtime (the
     # supervisor), code that runs inside a rank, what the ops and the runtime read of the host, and
