@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from inventory import ConfigError, Job
+from orchestrator.account import events as ev
 from orchestrator.hostops.runrecord import Reach, new_record, write_record
 from orchestrator.launch import core
 from orchestrator.launch.backends.base import Backend
@@ -14,14 +15,16 @@ from orchestrator.launch.backends.choose import backend_for
 from orchestrator.launch.backends.slurm import SlurmBackend
 from orchestrator.launch.observer import Observer
 from orchestrator.launch.options import LaunchOptions
-from orchestrator.launch.plan import LaunchPlan
+from orchestrator.launch.plan import LaunchPlan, new_job_id
 from orchestrator.launch.result import RunResult
+from orchestrator.launch.timeline import outcome_of
 from orchestrator.remote.pool import HostPool, make_pool
 from orchestrator.remote.ssh_options import Connection
 from orchestrator.restarts import detached as detached_restarts
 from orchestrator.restarts import hostledger
 from orchestrator.restarts import loop as restarts
 from orchestrator.watch.factory import standard_monitors
+from orchestrator.watch.run_account import add_to_files, close_run, open_run
 
 
 @dataclass(frozen=True)
@@ -140,7 +143,16 @@ def launch(job: Job, pool: HostPool, runner: Backend, request: UpRequest,
         return Restarted(restarts.launch(job, lambda attempt: backend_for(pool, attempt), observer,
                                          request.options, budget, request.run_id, monitors=standard_monitors))
     job = screened(job, observer)
-    result = core.launch(job, runner, observer, request.options, monitors=standard_monitors)
+    job_id = new_job_id(job.name)
+    run_dir = request.options.runs_dir / job_id
+    events = open_run(run_dir, job_id, job, [h.name for h in job.hosts])
+    events.add(ev.ATTEMPT_START, attempt=0, hosts=[h.name for h in job.hosts])
+    result = core.launch(job, runner, observer, request.options, monitors=standard_monitors, job_id=job_id)
+    result.account = close_run(events, result.exit_code, outcome_of(result))
+    if result.account is not None:
+        add_to_files(result.account, result.run_dir / "summary.json", result.run_dir)
+        for warning in hostledger.record_account(job, result.account):
+            observer.on_notice(f"warning: {warning}")
     remember(job, result, observer)
     return Finished(result)
 

@@ -40,6 +40,7 @@ from node_agent.wire.protocol import emit_event
 from node_agent.wire.replies import wire
 from node_agent.wire.replies_run import (
     RANK_ENDS,
+    CheckpointWritten,
     DetachedStart,
     NcclChoice,
     RankError,
@@ -61,6 +62,7 @@ READ_CHUNK = 1 << 16
 CHECKPOINT_ENV = "DDPCTL_CHECKPOINT_DIR"  # [restart] checkpoint_dir, as the ranks get it
 ATTEMPT_ENV = "DDPCTL_ATTEMPT"  # which attempt of its run a job is (orchestrator/launch/plan.py)
 MAX_CHECKPOINT_FILES = 10000  # a checkpoint directory is looked through up to this many entries
+CHECKPOINT_EVERY = 2.0  # how often [restart] checkpoint_dir is looked at while the job runs
 
 
 def newest_mtime(directory: str) -> Optional[float]:
@@ -183,7 +185,7 @@ class Supervisor:
 
     def steps(self) -> Optional[int]:
         """The most optimizer steps any rank of this node took (None: no rank stepped or said)."""
-        counts = [step for step in (r.get("step") for r in self.rank_records.values()) if isinstance(step, int)]
+        counts = [step for step in (r.get("step") for r in list(self.rank_records.values())) if isinstance(step, int)]
         return max(counts) if counts else None
 
     def checkpoint_dir(self) -> Optional[str]:
@@ -431,6 +433,17 @@ class Supervisor:
                 sampled = HostSample(cpu, rss, processes=len(after))
             self.uplink.event("sample", **wire(sampled))
 
+    def watch_checkpoints(self, directory: str) -> None:
+        """Every CHECKPOINT_EVERY seconds while torchrun runs: a newer file in [restart]
+        checkpoint_dir is sent as a `checkpoint` event, with its time and this node's steps then
+        (the time account's re-done work counts from the last one before a failure)."""
+        newest = self.newest_before
+        while not self.stopping.wait(CHECKPOINT_EVERY) and self.proc is not None and self.proc.poll() is None:
+            mtime = newest_mtime(directory)
+            if mtime is not None and (newest is None or mtime > newest) and self.uplink is not None:
+                newest = mtime
+                self.uplink.event("checkpoint", **wire(CheckpointWritten(mtime, self.steps())))
+
     def _thread(self, target: Any, *args: Any) -> threading.Thread:
         thread = threading.Thread(target=target, args=args, daemon=True)
         thread.start()
@@ -471,6 +484,8 @@ class Supervisor:
         if (control is not None or self.request.batch) and self.heartbeat_timeout > 0:
             self._thread(self.watch_heartbeat)
         self._thread(self.watch_host)
+        if checkpoints and sink is not None:
+            self._thread(self.watch_checkpoints, checkpoints)
         code = self.proc.wait()
         if self.aborted and code == -signal.SIGKILL:
             code = 1  # as torchrun itself exits when a rank fails

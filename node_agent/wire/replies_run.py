@@ -74,6 +74,16 @@ class RankPhase:
 
 
 @dataclass(frozen=True)
+class CheckpointWritten:
+    """A node supervisor's `checkpoint` event: a newer file in [restart] checkpoint_dir than it had
+    seen (`mtime`: its modification time), and the most optimizer steps any rank of the node had
+    taken when it looked (None: no rank said)."""
+
+    mtime: float
+    steps: Optional[int] = None
+
+
+@dataclass(frozen=True)
 class NcclChoice:
     """What NCCL chose on one host, parsed from its NCCL_DEBUG=INFO log (--nccl-debug)."""
 

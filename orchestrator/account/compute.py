@@ -104,6 +104,7 @@ class Account:
     attempts: int
     outcome: str  # "ok", "failed", "stopped", "running" (no end event yet)
     restarted: bool = False  # some attempt was run again (re-done work can be)
+    stepped: bool = True  # some rank took an optimizer step (else what was productive is not known)
 
     @property
     def wall_s(self) -> float:
@@ -111,7 +112,7 @@ class Account:
 
     @property
     def goodput(self) -> float | None:
-        return self.productive_s / self.wall_s if self.wall_s > 0 else None
+        return self.productive_s / self.wall_s if self.wall_s > 0 and self.stepped else None
 
     def by_host(self) -> dict[str, float]:
         """Each host's charged losses, most first."""
@@ -143,7 +144,7 @@ class Account:
         return {"run_id": self.run_id, "job": self.job, "started": self.started, "ended": self.ended,
                 "wall_s": round(self.wall_s, 3), "productive_s": round(self.productive_s, 3),
                 "goodput": None if goodput is None else round(goodput, 4), "attempts": self.attempts,
-                "outcome": self.outcome, "restarted": self.restarted,
+                "outcome": self.outcome, "restarted": self.restarted, "stepped": self.stepped,
                 "parts": [p.to_json() for p in self.parts],
                 "hosts": {h: round(s, 3) for h, s in self.by_host().items()},
                 "redone": self.redone.to_json()}
@@ -157,7 +158,8 @@ class Account:
                          for p in data.get("parts") or ()),
                    Redone(bool(redone.get("known")), float(redone.get("seconds") or 0.0), redone.get("steps"),
                           redone.get("since_step")),
-                   int(data.get("attempts") or 0), str(data.get("outcome") or "?"), bool(data.get("restarted")))
+                   int(data.get("attempts") or 0), str(data.get("outcome") or "?"), bool(data.get("restarted")),
+                   bool(data.get("stepped", True)))
 
 
 # -- the timeline ------------------------------------------------------------------------------
@@ -214,7 +216,8 @@ def account(events: Sequence[Event], now: float | None = None) -> Account:
     outcome = str(last.get("outcome") or "?") if last is not None else "running"
     return Account(str(first.get("run_id")) if first.get("run_id") else None,
                    str(first.get("job")) if first.get("job") else None, start, end, max(productive, 0.0), parts,
-                   redone, len(attempts), outcome, any(a.restart is not None for a in attempts))
+                   redone, len(attempts), outcome, any(a.restart is not None for a in attempts),
+                   any(e.kind == ev.FIRST_STEP for e in events))
 
 
 def _attempts(events: Sequence[Event], start: float, end: float) -> list[AttemptSpan]:

@@ -24,7 +24,9 @@ def line(account: Account) -> str:
     """`goodput 51 % (107 s of 210 s): 89 s to node0 (lost: 60 s detection, 16 s fencing, 12 s
     relaunch, 1 s re-done since step 121), 14 s start-up`."""
     head = (f"goodput {percent(account.goodput)} ({seconds(account.productive_s)} of "
-            f"{seconds(account.wall_s)})")
+            f"{seconds(account.wall_s)})") if account.stepped else \
+        f"goodput unknown (no rank took an optimizer step the rank wrapper saw) in {seconds(account.wall_s)}"
+
     said = [_host(account, host, total) for host, total in account.by_host().items() if total >= SHOWN_FROM_S]
     said += [_kind(account, part) for part in account.parts if part.host is None and part.seconds >= SHOWN_FROM_S]
     if account.restarted and not account.redone.known:

@@ -20,6 +20,8 @@ from inventory.gpus import show
 from inventory.jobfile import MAX_JOIN_TIMEOUT_S
 from inventory.restart import MAX_RESTARTS
 from inventory.slurm_table import node_hosts
+from orchestrator.account.compute import Account
+from orchestrator.account.text import line as account_line
 from orchestrator.checks import catalog
 from orchestrator.checks.model import CheckStatus
 from orchestrator.checks.render import finding_text, grouped
@@ -482,7 +484,14 @@ def print_finished(result: RunResult, nccl_debug: bool) -> int:
     report = result.run_dir / "report.html"
     page = f"; report: {report}" if report.exists() else ""
     err_console.print(f"ddpctl: job {result.job_id} {verdict}; logs: {result.run_dir}{page}", highlight=False)
+    print_account(result.account)
     return result.exit_code
+
+
+def print_account(account: Account | None) -> None:
+    """The last line: how much of the run was training, and who or what took the rest."""
+    if account is not None:
+        err_console.print(f"ddpctl: {account_line(account)}", markup=False, highlight=False)
 
 
 def print_loop(loop: LoopStarted, inventory: Path | None) -> None:
@@ -510,6 +519,7 @@ def print_restarted(run: RestartedRun, nccl_debug: bool) -> int:
             err_console.print(Text(f"ddpctl: {run.reason}", style="bold red"))
         verdict = f"{'stopped' if run.exit_code == EXIT_STOPPED else 'failed'} (exit {run.exit_code}) after {attempts}"
     err_console.print(f"ddpctl: run {run.run_id} {verdict}; logs: {run.run_dir}", highlight=False)
+    print_account(run.account)
     return run.exit_code
 
 

@@ -66,7 +66,7 @@ def sync_code(job: Job, backend: Backend, observer: Observer, options: LaunchOpt
 
 def launch(job: Job, backend: Backend, observer: Observer, options: LaunchOptions | None = None, *,
            inline: InlineProgram | None = None, attempt: Attempt | None = None,
-           monitors: MonitorFactory = no_monitors) -> RunResult:
+           monitors: MonitorFactory = no_monitors, job_id: str | None = None) -> RunResult:
     """Sync, pre-launch round trip, plan, start, supervise: the whole of `ddpctl up` (one attempt
     of it, where orchestrator/restarts/loop.py runs the job again after a failure)."""
     options = options or LaunchOptions()
@@ -74,7 +74,7 @@ def launch(job: Job, backend: Backend, observer: Observer, options: LaunchOption
         options = replace(options, run_dir=attempt.run_dir)
     if inline is None:
         sync_code(job, backend, observer, options)
-    job_id = attempt.job_id if attempt is not None else None
+    job_id = attempt.job_id if attempt is not None else job_id
     plan = plan_job(job, backend, options, settle=True, inline=inline, observer=observer, job_id=job_id)
     if attempt is not None:
         plan = replace(plan, run_id=attempt.run_id)

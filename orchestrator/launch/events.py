@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from orchestrator.remote.wire import HostSample, RankPhase, SuperviseResult
+from orchestrator.remote.wire import CheckpointWritten, HostSample, RankPhase, SuperviseResult
 
 
 @dataclass(frozen=True)
@@ -111,5 +111,24 @@ class Sampled:
     sample: HostSample
 
 
+@dataclass(frozen=True)
+class Checkpointed:
+    """The node saw a newer file in [restart] checkpoint_dir (the time account's re-done work
+    counts from the last one before a failure)."""
+
+    host: str
+    seen: CheckpointWritten
+
+
+@dataclass(frozen=True)
+class Scheduled:
+    """The scheduler's state of the job changed: "queued" (pending), "running", or "requeued"
+    (its ranks end and start again)."""
+
+    host: str
+    state: str
+    text: str = ""
+
+
 BackendEvent = (Started | Output | Alive | Problem | Reported | Exited | Lost | Ended | Milestone | Notice
-                | Reattached | Sampled)
+                | Reattached | Sampled | Checkpointed | Scheduled)

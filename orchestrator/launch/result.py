@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from orchestrator.account.compute import Account
 from orchestrator.launch.plan import LaunchPlan, mask_env
 from orchestrator.remote.wire import NcclChoice, RankError
 
@@ -125,6 +126,7 @@ class Finding:
     host: str | None = None
     step: int | None = None  # the job's optimizer step when it was said
     span: Span | None = field(default=None, compare=False)
+    slower: float | None = field(default=None, compare=False)  # a straggler's work per step over the others', less 1
 
     def to_json(self, started: float | None, now: float | None = None) -> dict[str, Any]:
         out = {"kind": self.kind, "text": self.text, "at": self.at, "rank": self.rank, "host": self.host,
@@ -154,6 +156,7 @@ class RunResult:
     findings: list[Finding] = field(default_factory=list)  # orchestrator/watch/: stragglers, hangs, ...
     started: float | None = None  # time.time() at the launch: the findings' `t` counts from it
     stopped_by: str | None = None  # someone else stopped it: `ddpctl down` (who, when), a signal to torchrun
+    account: Account | None = None  # where the run's time went (orchestrator/account/), once it is over
 
     @property
     def ok(self) -> bool:

@@ -15,11 +15,14 @@ from pathlib import Path
 from typing import IO
 
 from node_agent.wire.layout import STOPPED_BY_DOWN, STOPPED_BY_SIGNAL
+from orchestrator.account import events as ev
+from orchestrator.account.events import EventLog
 from orchestrator.hostops.stacks import StacksReport, report_json, report_text
 from orchestrator.launch.backends.base import Backend
 from orchestrator.launch.events import (
     Alive,
     BackendEvent,
+    Checkpointed,
     Ended,
     Exited,
     Lost,
@@ -30,6 +33,7 @@ from orchestrator.launch.events import (
     Reattached,
     Reported,
     Sampled,
+    Scheduled,
     Started,
 )
 from orchestrator.launch.faults import Link, LinkState, limits_for
@@ -45,6 +49,7 @@ from orchestrator.launch.plan import LaunchPlan
 from orchestrator.launch.record import Record
 from orchestrator.launch.result import HostLoss, HostRun, RankFailure, RunResult, RunState, clock, write_summary
 from orchestrator.launch.signals import STOP_SIGNALS, StopSignal, interrupts_ignored, stop_signals_raise
+from orchestrator.launch.timeline import AttemptTimeline, outcome_of
 
 CHECK_EVERY = 0.5  # the timer: silent hosts judged, monitors ticked
 NODE_GAVE_UP = ("no heartbeat from the control plane", "control connection lost")
@@ -70,6 +75,7 @@ class Supervision:
         # after it may still be its cause
         self.ranks_numbered_at_rendezvous = plan.job.rendezvous.backend == "c10d" or plan.job.slurm is not None
         self.global_ranks: dict[tuple[str, int], int] = {}  # (host, local rank) -> rank, as the ranks said
+        self.timeline = AttemptTimeline(plan, EventLog(options.runs_dir / (plan.run_id or plan.job_id)))
         self.monitors = Monitors(monitors, self, CoreHands(observer, self.record, self._stop_failed,
                                                            self.dump_stacks, lambda: backend.reprobe(plan)))
 
@@ -108,6 +114,7 @@ class Supervision:
             return  # the scheduler ended the job: what fails now died of it
         if self.record.first_failure is None:
             self.record.first_failure = run
+            self.timeline.add(ev.FAILED, host=run.host, cause=what, why=why)
             if not self.stopping:
                 self.stop_was_consequence = consequence
                 self.stop_all(False, f"{run.host} {what} ({why}); stopping the job on every host", failed=True)
@@ -118,6 +125,7 @@ class Supervision:
         if not self.stopping and self.record.stopped_by is None:  # the stop itself, not a hurry for one under way
             self.record.stopped_at = time.time()
             self.record.stopped_by = signalled(signum, self.record.stopped_at)
+            self.timeline.add(ev.STOP, self.record.stopped_at, cause=self.record.stopped_by)
         if len(self.record.signals) > 1:
             self.stop_all(True, "interrupted again: killing the job on every host")
         elif signum != signal.SIGINT:
@@ -155,6 +163,10 @@ class Supervision:
                 self._exited(run, event.exit_code)
             case Reattached():
                 self._reattached(run)
+            case Checkpointed():
+                self.timeline.checkpoint(event.host, event.seen.mtime, event.seen.steps)
+            case Scheduled():
+                self._scheduled(event)
             case Alive() | Sampled():
                 pass
             case _:
@@ -175,6 +187,7 @@ class Supervision:
             self.global_ranks[(event.host, phase.local_rank)] = phase.rank
         if phase.step is not None:
             self.record.stepped(event.host, phase.local_rank, phase.step)
+            self.timeline.stepped_to(event.host, phase.local_rank, phase.step, phase.time)
         if phase.error is None:
             return
         failure = self.record.rank_failed(run, phase.error)
@@ -201,6 +214,12 @@ class Supervision:
         elif reason.startswith((STOPPED_BY_DOWN, STOPPED_BY_SIGNAL)):  # someone else's stop, not a failure
             self._stopped_from_outside(reason, result.stopped_at)
 
+    def _scheduled(self, event: Scheduled) -> None:
+        if event.state == "requeued":
+            self.timeline.requeued(event.text)
+        else:
+            self.timeline.add(ev.QUEUED if event.state == "queued" else ev.RUNNING, text=event.text)
+
     def _stopped_from_outside(self, reason: str, at: float | None) -> None:
         """`ddpctl down` (or a signal to torchrun) reached a host: the stop is the headline, and
         what fails after it began is its consequence (launch/outcome.py)."""
@@ -208,6 +227,7 @@ class Supervision:
             return
         headline = reason[:reason.index(")") + 1] if ")" in reason else reason
         self.record.stopped_by, self.record.stopped_at = headline, at if at is not None else time.time()
+        self.timeline.add(ev.STOP, self.record.stopped_at, cause=headline)
         if not self.stopping:
             self.stop_all(False, f"{headline}: stopping the job on every host")
 
@@ -241,6 +261,7 @@ class Supervision:
 
     def _host_lost(self, run: HostRun, why: str) -> None:
         """The host's run and link say lost from now on; the monitors and the observer are told."""
+        self.timeline.add(ev.LOST, host=run.host, cause=why)
         self.hosts.lose(run, why)
         self.monitors.tell(HostLost(run.host, why))
         self.observer.on_state(run)
@@ -251,6 +272,8 @@ class Supervision:
         failed is lost."""
         if self.record.ended_by is None:
             self.record.ended_by = event.cause
+            if not event.lost:
+                self.timeline.add(ev.STOP, cause=event.cause)
             if not event.lost:  # a lost node's state line says it
                 self.observer.on_notice(event.cause)
         self.stopping = True
@@ -285,6 +308,7 @@ class Supervision:
         if link.state is LinkState.SILENT:
             self.observer.on_notice(f"{run.host} back after {time.time() - link.since:.0f}s: re-attached on a "
                                     "fresh connection; its output resumes where it stopped")
+            self.timeline.add(ev.CONTACT_BACK, host=run.host)
         link.enter(LinkState.REATTACHED)
         self.hosts.contact.reattached(run.host)
 
@@ -296,6 +320,7 @@ class Supervision:
             elif move.state is LinkState.CONNECTED:
                 link = self.hosts.links[move.host]
                 self.observer.on_notice(f"{move.host} back after {time.time() - link.since:.0f}s")
+                self.timeline.add(ev.CONTACT_BACK, host=move.host)
                 link.enter(LinkState.CONNECTED)
             elif move.state is LinkState.LOST:
                 lost_after = self.hosts.limits.lost_after
@@ -305,6 +330,7 @@ class Supervision:
     def _went_silent(self, move: LinkMove) -> None:
         link = self.hosts.links[move.host]
         link.enter(LinkState.SILENT, at=time.time() - move.quiet_s)
+        self.timeline.add(ev.CONTACT_LOST, link.since, host=move.host)
         self.observer.on_notice(f"lost contact with {move.host} at {clock(link.since)} ({move.quiet_s:.0f}s "
                                 f"without a word): the job runs on; reaching {move.host} on a fresh connection "
                                 f"(it is lost after {self.hosts.limits.lost_after:.0f}s)")
@@ -331,6 +357,7 @@ class Supervision:
         self.logs = {name: (self.run_dir / f"{name}.log").open("a") for name in self.hosts.runs}
         for run in self.hosts.runs.values():
             self.observer.on_state(run)
+        self.timeline.launched(list(self.hosts.runs))
         try:
             with stop_signals_raise():
                 try:
@@ -359,6 +386,7 @@ class Supervision:
                     next_check = time.monotonic() + CHECK_EVERY
                     self._check_links()
                     self.monitors.tick()
+                    self.timeline.findings(self.record.findings)
             except KeyboardInterrupt as exc:
                 self._interrupted(exc)
 
@@ -374,6 +402,7 @@ class Supervision:
                            ended_by=state.ended_by, steps=self.record.most_steps,
                            checkpointed=self.record.checkpointed, findings=list(self.record.findings),
                            started=self.started, stopped_by=state.stopped_by)
+        self.timeline.ended(result, outcome_of(result))
         write_summary(self.plan, result)
         self.monitors.finish(result)
         return result

@@ -59,6 +59,7 @@ from node_agent.wire.replies_ports import (
 )
 from node_agent.wire.replies_run import (
     RANK_ENDS,
+    CheckpointWritten,
     DetachedStart,
     Failed,
     NcclChoice,
@@ -71,7 +72,8 @@ from node_agent.wire.replies_top import GpuStat, HostSample, HostTop, RankSteps,
 from orchestrator.errors import HostError, HostErrorKind
 
 __all__ = [
-    "RANK_ENDS", "CheckpointFact", "CheckpointSeen", "DetachedStart", "Facts", "FirewallFact", "GpuHealth",
+    "RANK_ENDS", "CheckpointFact", "CheckpointSeen", "CheckpointWritten", "DetachedStart", "Facts", "FirewallFact",
+    "GpuHealth",
     "GpuHealthReport", "GpuStat", "HostFacts", "HostSample", "HostTop", "InterfaceAddress", "InterfaceFact",
     "IptablesFact", "KilledProcess", "LogLine", "LogsFound", "MasterPortFact", "MasterRoute", "MemlockFact",
     "ModuleLookupFact", "NcclChoice", "NetFacts", "NftFact", "NvidiaSmiFact", "PortOwner", "PortReport",
@@ -200,6 +202,10 @@ def parse_supervise(r: Mapping[str, Any], host: str = "") -> SuperviseResult:
 
 def parse_rank_phase(fields: Mapping[str, Any], host: str = "") -> RankPhase:
     return decode(RankPhase, fields, host, "rank event")
+
+
+def parse_checkpoint(fields: Mapping[str, Any], host: str = "") -> CheckpointWritten:
+    return decode(CheckpointWritten, fields, host, "checkpoint event")
 
 
 def parse_sample(fields: Mapping[str, Any], host: str = "") -> HostSample:

@@ -16,6 +16,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from inventory import ConfigError, Job
+from orchestrator.account import events as ev
+from orchestrator.account.compute import Account
 from orchestrator.checks.model import CheckStatus
 from orchestrator.errors import HostError, HostsFailed, LaunchBlocked
 from orchestrator.launch import core
@@ -31,6 +33,7 @@ from orchestrator.launch.signals import StopSignal, stop_signals_raise
 from orchestrator.restarts import hostledger
 from orchestrator.restarts.fence import Suspect, fence
 from orchestrator.restarts.places import NoHosts, fill, rendezvous_without
+from orchestrator.watch.run_account import account_json, add_to_files, close_run, open_run
 
 EXIT_DETERMINISTIC = 70  # not restarted: it would fail the same way again (BSD's EX_SOFTWARE)
 BACKOFF_TICK = 0.2  # a backoff wakes this often to honour Ctrl-C at once
@@ -117,6 +120,7 @@ class RestartedRun:
     reason: str | None = None  # why it stopped restarting (None: it succeeded)
     signal: int | None = None
     size: int = 0  # the hosts the job asked for (on Slurm: nodes); 0: not known
+    account: Account | None = None  # where its time went (orchestrator/account/), once it is over
 
     @property
     def restarts(self) -> int:
@@ -138,7 +142,8 @@ class RestartedRun:
                 "restarts": self.restarts, "stopped_because": self.reason, "signal": self.signal,
                 "shrunk": self.shrunk,
                 "excluded": [asdict(e) for e in self.excluded],
-                "attempts": [a.to_json() for a in self.attempts]}
+                "attempts": [a.to_json() for a in self.attempts],
+                "account": account_json(self.account) if self.account is not None else None}
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(data, indent=2, default=str))
         tmp.replace(path)
@@ -274,6 +279,7 @@ class Restarts:
         self.nodes_out: list[str] = []  # Slurm nodes left out (sbatch --exclude)
         self.quarantine = job.restart.quarantine and job.inventory.quarantine
         self.named: set[str] = set()  # suspect hosts said already
+        self.events = open_run(self.run.run_dir, self.run_id, job, [h.name for h in job.hosts])
 
     def exclude(self, bad: dict[str, str], number: int, said: bool = False) -> None:
         """Leave `bad` (host -> why) out; spares take their places in inventory order, else the
@@ -342,14 +348,26 @@ class Restarts:
                                                                                     closed=r.link_closed))
                     for r in lost if r.host in hosts]
         backend = self.make_backend(job)
+        self.events.add(ev.FENCE_START, attempt=before - 1, hosts=[s.host.name for s in suspects])
         try:
             settled = fence(suspects, backend, self.options.grace, self.cb.on_notice, f"attempt {before}")
         finally:
             backend.close()
+            self.events.add(ev.FENCE_END, attempt=before - 1)
         return [{"host": s.host, "how": "waited out" if s.fenced is None else "reached",
                  "ended": None if s.fenced is None else s.fenced.ended, "at": s.at} for s in settled]
 
-    def backoff(self, restarts: int, waited: float = 0.0) -> None:
+    def charge_restart(self, number: int, verdict: Verdict, result: RunResult) -> None:
+        """What attempt `number` is run again for, in the events: a host fault (lost, or its own)
+        is charged to its host; a rank's error to no host."""
+        if verdict.kind is Failure.HOST_FAULT:
+            cause = "lost" if result.loss is not None and verdict.hosts[:1] == (result.loss.host,) else "host fault"
+            self.events.add(ev.RESTART, attempt=number, host=verdict.hosts[0] if verdict.hosts else None,
+                            cause=cause, hosts=list(verdict.hosts), reason=verdict.reason)
+        else:
+            self.events.add(ev.RESTART, attempt=number, cause=verdict.kind.value, reason=verdict.reason)
+
+    def backoff(self, restarts: int, waited: float = 0.0, number: int = 0) -> None:
         """Wait before the next attempt (doubling, capped; less what fencing waited already);
         Ctrl-C or a stop signal ends the run."""
         spec = self.job.restart
@@ -358,14 +376,27 @@ class Restarts:
             return
         self.cb.on_notice(f"restarting in {wait:.0f}s (restart {restarts + 1} of at most "
                           f"{self.run.max_restarts}; Ctrl-C stops here)")
+        self.events.add(ev.BACKOFF_START, attempt=number)
         deadline = time.monotonic() + wait
-        while time.monotonic() < deadline:
-            time.sleep(min(BACKOFF_TICK, max(deadline - time.monotonic(), 0)))
+        try:
+            while time.monotonic() < deadline:
+                time.sleep(min(BACKOFF_TICK, max(deadline - time.monotonic(), 0)))
+        finally:
+            self.events.add(ev.BACKOFF_END, attempt=number)
 
     def stop(self, reason: str | None, code: int) -> RestartedRun:
         """The run is over (`reason`: why it stopped restarting; None: it succeeded)."""
         self.run.reason, self.run.exit_code = reason, code
+        outcome = "ok" if code == 0 else "stopped" if self.run.signal is not None or (
+            self.run.attempts and self.run.attempts[-1].verdict is not None
+            and self.run.attempts[-1].verdict.kind is Failure.STOPPED) else "failed"
+        self.run.account = close_run(self.events, code, outcome)
         self.run.write_summary()
+        if self.run.account is not None:
+            for warning in hostledger.record_account(self.job, self.run.account):
+                self.cb.on_notice(f"warning: {warning}")
+            if self.run.attempts:  # the last attempt's report tells the whole run's account
+                add_to_files(self.run.account, None, self.run.attempts[-1].run_dir)
         return self.run
 
     def start(self, number: int, job: Job, attempt: core.Attempt) -> RunResult | str | None:
@@ -398,6 +429,7 @@ class Restarts:
             if blocked is not None:
                 return self.stop(f"not restarting: {blocked}", 1)
             job = self.attempt_job(number, previous)
+            self.events.add(ev.ATTEMPT_START, started, attempt=number, hosts=[h.name for h in job.hosts])
             if number > 0:
                 self.cb.on_notice(f"attempt {number} on {', '.join(h.name for h in job.hosts)} "
                                   f"(run {self.run_id})")
@@ -437,12 +469,13 @@ class Restarts:
                 except NoHosts as no:
                     return self.stop(f"not restarting: {no}", result.exit_code or 1)
             restarts += 1
+            self.charge_restart(number + 1, verdict, result)
             waiting, fencing = time.monotonic(), True
             try:
                 with stop_signals_raise():
                     record.fenced = self.fence_lost(job, result, number + 1)
                     fencing = False
-                    self.backoff(restarts - 1, time.monotonic() - waiting)
+                    self.backoff(restarts - 1, time.monotonic() - waiting, number)
             except KeyboardInterrupt as exc:
                 signum = exc.signum if isinstance(exc, StopSignal) else int(signal.SIGINT)
                 self.run.signal = signum

@@ -201,7 +201,7 @@ class Watch:
         span = Span(slowed.since + self.wall_offset)
         self.episodes[found.slow.key] = span
         self.findings.append(Finding("straggler", found.text(), now + self.wall_offset, found.slow.rank,
-                                     found.slow.host, self.step, span))
+                                     found.slow.host, self.step, span, found.slower))
         return found.text()
 
     def _back(self, back: BackToPace) -> str:

@@ -41,6 +41,7 @@ from orchestrator.launch.backends.slurm_events import (
 from orchestrator.launch.backends.slurm_script import render_batch, sbatch_argv
 from orchestrator.launch.events import (
     Alive,
+    Checkpointed,
     Ended,
     Exited,
     Lost,
@@ -49,6 +50,7 @@ from orchestrator.launch.events import (
     Problem,
     Reported,
     Sampled,
+    Scheduled,
     Started,
 )
 from orchestrator.launch.events import Notice as NoticeEvent
@@ -67,7 +69,7 @@ from orchestrator.remote.agent import (
 from orchestrator.remote.pool import HostPool
 from orchestrator.remote.slurm_client import QueuedJob, node_script, on_every_node, slurm_client
 from orchestrator.remote.transport import OutputLine
-from orchestrator.remote.wire import parse_rank_phase, parse_sample, parse_supervise
+from orchestrator.remote.wire import parse_checkpoint, parse_rank_phase, parse_sample, parse_supervise
 from orchestrator.sync.core import Progress, SyncReport
 
 POLL_S = 1.0  # squeue, while the job runs
@@ -290,6 +292,8 @@ class SlurmBackend:
             emit(Milestone(host, phase))
         elif event_name == "sample" and isinstance(message, AgentEvent):
             emit(Sampled(host, parse_sample(message.fields)))
+        elif event_name == "checkpoint" and isinstance(message, AgentEvent):
+            emit(Checkpointed(host, parse_checkpoint(message.fields)))
         else:
             emit(Alive(host))
 
@@ -350,6 +354,7 @@ class SlurmBackend:
             if event.run not in self.requeued:
                 self.requeued.add(event.run)
                 emit(NoticeEvent(names[0], event.text))
+                emit(Scheduled(names[0], "requeued", event.text))
             return
         self.ended = event
         by_node = {node: host for host, node in self.node_names.items()}
@@ -381,6 +386,8 @@ class SlurmBackend:
                     if self.runs_seen:  # back in the queue with no node telling why: ask Slurm
                         self.verdict(sub, self.run)
                 words = self._queued_words(sub, job)
+                if not said:
+                    emit(Scheduled(names[0], "queued", words))
                 if words != said:
                     said = words
                     emit(NoticeEvent(names[0], f"Slurm job {sub.slurm_id} {words}"))
@@ -390,6 +397,7 @@ class SlurmBackend:
                 waited = time.monotonic() - queued_at if waited is None else waited
                 emit(NoticeEvent(names[0], f"Slurm job {sub.slurm_id} running on {job.nodes} after "
                                            f"{waited:.0f}s in the queue"))
+                emit(Scheduled(names[0], "running", job.nodes or ""))
             self.closed.wait(POLL_S)
         self._finish(sub, job, emit, reader)
 

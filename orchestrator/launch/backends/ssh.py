@@ -25,6 +25,7 @@ from orchestrator.hostops.stacks import StacksReport, collect
 from orchestrator.launch.backends.base import DetachReport, Emit, Fenced, Notice, Resolved, supervise_request
 from orchestrator.launch.events import (
     Alive,
+    Checkpointed,
     Exited,
     Lost,
     Milestone,
@@ -51,7 +52,14 @@ from orchestrator.remote.agent import AgentEvent, AgentResult, AgentStream, Batc
 from orchestrator.remote.pool import HostPool
 from orchestrator.remote.session import Session
 from orchestrator.remote.transport import OutputLine, Transport
-from orchestrator.remote.wire import parse_detached, parse_down, parse_rank_phase, parse_sample, parse_supervise
+from orchestrator.remote.wire import (
+    parse_checkpoint,
+    parse_detached,
+    parse_down,
+    parse_rank_phase,
+    parse_sample,
+    parse_supervise,
+)
 from orchestrator.sync.core import Progress, SyncReport, sync_job
 
 REPROBE_TIMEOUT_S = 20.0  # the watchdog's re-probe: each host's session must open within this
@@ -239,7 +247,7 @@ class SshBackend:
         emit(Exited(name, stream.wait(5.0)))
 
     @staticmethod
-    def _event(name: str, event: AgentEvent) -> Started | Problem | Alive | Milestone | Sampled:
+    def _event(name: str, event: AgentEvent) -> Started | Problem | Alive | Milestone | Sampled | Checkpointed:
         if event.name == "started":
             return Started(name, event.get("log"), event.get("hostname"))
         if event.name == "error":
@@ -248,6 +256,8 @@ class SshBackend:
             return Milestone(name, parse_rank_phase(event.fields))
         if event.name == "sample":
             return Sampled(name, parse_sample(event.fields))
+        if event.name == "checkpoint":
+            return Checkpointed(name, parse_checkpoint(event.fields))
         return Alive(name)  # an event this version does not know: the host is there
 
     def _heartbeats(self, link: HostLink, generation: int, stream: AgentStream) -> None:

@@ -1,0 +1,124 @@
+"""One attempt's part of its run's events.jsonl (orchestrator/account/events.py), told by the
+supervision core as the job goes: the launch, every rank's first step, progress now and then, a
+host's silence, loss or failure, a checkpoint seen, a stall, a stop, the scheduler's queue and
+requeue, the stragglers and the attempt's end."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from orchestrator.account import events as ev
+from orchestrator.account.events import EventLog
+from orchestrator.launch.plan import ATTEMPT_ENV, LaunchPlan
+from orchestrator.launch.result import Finding, RunResult
+
+PROGRESS_EVERY = 5.0  # a `progress` event at most this often (the steps, for re-done work)
+STALLS = ("hang", "no progress")  # the findings that say no step is being taken
+
+
+def attempt_of(plan: LaunchPlan) -> int:
+    """Which attempt of its run a launch is (0 for a job without restarts)."""
+    try:
+        return int(plan.job.env.get(ATTEMPT_ENV, "0"))
+    except ValueError:
+        return 0
+
+
+class AttemptTimeline:
+    """Writes one attempt's events; knows when every rank has stepped and when the last step was."""
+
+    def __init__(self, plan: LaunchPlan, log: EventLog) -> None:
+        self.log = log
+        self.attempt = attempt_of(plan)
+        self.ranks = plan.world_size
+        self.stepped: dict[tuple[str, int | None], float] = {}  # (host, local rank) -> its first step's time
+        self.first_step: float | None = None
+        self.step = 0  # the most steps of any rank
+        self.last_step: float | None = None  # when `step` last grew
+        self.said_progress = 0.0
+        self.stall_open = False
+        self.findings_seen = 0
+        self.history: list[tuple[float, int]] = []  # (when, steps) as the ranks recorded them: steps at a time
+
+    def step_at(self, t: float) -> int | None:
+        """The most steps taken by time `t` (the ranks' records, interpolated between two)."""
+        before = [(at, step) for at, step in self.history if at <= t]
+        after = [(at, step) for at, step in self.history if at > t]
+        if not before:
+            return None
+        (t0, s0), then = before[-1], after[0] if after else None
+        if then is None or then[0] <= t0:
+            return s0
+        return s0 + int((then[1] - s0) * (t - t0) / (then[0] - t0))
+
+    def checkpoint(self, host: str, mtime: float, node_steps: int | None) -> None:
+        """A newer checkpoint file: its time, and the steps taken by then."""
+        step = self.step_at(mtime)
+        self.add(ev.CHECKPOINT, mtime, host=host, step=step if step is not None else node_steps, node_steps=node_steps)
+
+    def add(self, kind: str, t: float | None = None, **fields: Any) -> None:
+        self.log.add(kind, t, attempt=self.attempt, **fields)
+
+    def launched(self, hosts: Sequence[str]) -> None:
+        self.add(ev.LAUNCH, hosts=list(hosts))
+
+    def stepped_to(self, host: str, local_rank: int | None, step: int, at: float | None = None) -> None:
+        """A rank's record of its steps (`at`: when it wrote it, its host's clock)."""
+        now = time.time()
+        if at is not None and step > (self.history[-1][1] if self.history else 0):
+            self.history.append((at, step))
+        if step > 0 and local_rank is not None and (host, local_rank) not in self.stepped:
+            self.stepped[(host, local_rank)] = now
+            if self.first_step is None and len(self.stepped) >= self.ranks:
+                self.first_step = now
+                self.add(ev.FIRST_STEP, now, step=step)
+        if step <= self.step:
+            return
+        self.step, self.last_step = step, now
+        if self.stall_open:
+            self.stall_open = False
+            self.add(ev.STALL_END, now, step=step)
+        if self.first_step is not None and now - self.said_progress >= PROGRESS_EVERY:
+            self.said_progress = now
+            self.add(ev.PROGRESS, now, step=step)
+
+    def requeued(self, text: str) -> None:
+        """The scheduler requeued the job: its ranks start again (their first step is told anew)."""
+        self.add(ev.REQUEUED, cause="requeued", text=text)
+        self.stepped.clear()
+        self.first_step = None
+        self.step = 0
+        self.history.clear()
+
+    def findings(self, findings: Sequence[Finding]) -> None:
+        """New findings on the core's timer: a stall opens at the last step."""
+        for finding in findings[self.findings_seen:]:
+            if finding.kind in STALLS and not self.stall_open:
+                self.stall_open = True
+                self.add(ev.STALL_START, self.last_step or finding.at, host=finding.host, cause=finding.kind,
+                         step=self.step)
+        self.findings_seen = len(findings)
+
+    def ended(self, result: RunResult, outcome: str) -> None:
+        """The attempt is over: its stragglers (their spans) and its end."""
+        if self.first_step is None and self.stepped:  # not every rank said: the first that did
+            self.first_step = min(self.stepped.values())
+            self.add(ev.FIRST_STEP, self.first_step, step=1, ranks=len(self.stepped))
+        for finding in result.findings:
+            if finding.kind == "straggler" and finding.span is not None:
+                self.add(ev.STRAGGLER, finding.span.start, host=finding.host, rank=finding.rank,
+                         end=finding.span.end, slower=finding.slower)
+        self.add(ev.ATTEMPT_END, exit_code=result.exit_code, outcome=outcome, step=result.steps,
+                 last_step=self.last_step)
+
+
+def outcome_of(result: RunResult) -> str:
+    """ok, stopped (by someone: a signal, `ddpctl down`, the scheduler) or failed."""
+    if result.ok:
+        return "ok"
+    if result.signal is not None or result.interrupted or result.stopped_by is not None or \
+            (result.ended_by is not None and result.loss is None):
+        return "stopped"
+    return "failed"
