@@ -62,7 +62,7 @@ READ_CHUNK = 1 << 16
 CHECKPOINT_ENV = "DDPCTL_CHECKPOINT_DIR"  # [restart] checkpoint_dir, as the ranks get it
 ATTEMPT_ENV = "DDPCTL_ATTEMPT"  # which attempt of its run a job is (orchestrator/launch/plan.py)
 MAX_CHECKPOINT_FILES = 10000  # a checkpoint directory is looked through up to this many entries
-CHECKPOINT_EVERY = 2.0  # how often [restart] checkpoint_dir is looked at while the job runs
+CHECKPOINT_EVERY = 1.0  # how often [restart] checkpoint_dir is looked at while the job runs
 
 
 def newest_mtime(directory: str) -> Optional[float]:
@@ -518,7 +518,7 @@ class Supervisor:
             error=None, log=str(self.log_path), rank_errors=tuple(errors[:32]), steps=self.steps(),
             # a newer file there is progress, whatever the step counts say
             checkpointed=after is not None and (self.newest_before is None or after > self.newest_before),
-            state_dir=str(self.dir), stopped_at=self.stopped_at))
+            state_dir=str(self.dir), stopped_at=self.stopped_at, newest_checkpoint=after))
         write_json_atomic(self.dir / "state.json", dict(self.started, status="exited",
                                                            ended_at=time.time(), **result))
         if self.uplink is not None:  # a control plane cut off may still re-attach to read the end

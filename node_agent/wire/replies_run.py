@@ -109,6 +109,7 @@ class SuperviseResult:
     checkpointed: bool = False  # a file in [restart] checkpoint_dir is newer than at the start
     state_dir: Optional[str] = None
     stopped_at: Optional[float] = None  # when someone else stopped it (`ddpctl down`, a signal): time.time()
+    newest_checkpoint: Optional[float] = None  # the newest file's mtime in [restart] checkpoint_dir at the end
 
 
 @dataclass(frozen=True)

@@ -206,6 +206,8 @@ class Supervision:
         if result.steps is not None:
             self.record.stepped(run.host, None, result.steps)
         self.record.checkpointed = self.record.checkpointed or result.checkpointed
+        if result.checkpointed and result.newest_checkpoint is not None:  # one written since it last looked
+            self.timeline.checkpoint(run.host, result.newest_checkpoint, result.steps)
         for error in result.rank_errors:
             self.record.rank_failed(run, error)
         reason = result.stop_reason or ""

@@ -40,6 +40,7 @@ class AttemptTimeline:
         self.said_progress = 0.0
         self.stall_open = False
         self.findings_seen = 0
+        self.newest_checkpoint = 0.0  # the newest checkpoint told
         self.history: list[tuple[float, int]] = []  # (when, steps) as the ranks recorded them: steps at a time
 
     def step_at(self, t: float) -> int | None:
@@ -55,6 +56,9 @@ class AttemptTimeline:
 
     def checkpoint(self, host: str, mtime: float, node_steps: int | None) -> None:
         """A newer checkpoint file: its time, and the steps taken by then."""
+        if mtime <= self.newest_checkpoint:
+            return  # another host of a shared directory told it, or it was told as the job ran
+        self.newest_checkpoint = mtime
         step = self.step_at(mtime)
         self.add(ev.CHECKPOINT, mtime, host=host, step=step if step is not None else node_steps, node_steps=node_steps)
 

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -116,10 +117,12 @@ def test_killed_master_host_resumes_on_a_spare_from_the_checkpoint(make_cluster:
     cluster = make_cluster(3)
     job = job_file(tmp_path, cluster, "kill-master", [40, 0.15, 5, -1, NEVER, "raise", "0"], spares=[2],
                    supervise="[supervise]\nlost_after = 10\n")  # the fence waits out 1.5 x lost_after: shortened
+    began = time.monotonic()
     proc, runs, out = start(job, tmp_path, cluster)
     wait_for(lambda: "rank 1 step 12" in out.read_text(), 120, "step 12")
     kill_netns([cluster.hosts[0].netns])  # the master: the rendezvous must move
     code = finish(proc)
+    wall = time.monotonic() - began
     text = out.read_text()
     assert code == 0, text[-4000:]
     assert "leaving node0 out of attempt 1 on: node0 lost" in text
@@ -138,6 +141,29 @@ def test_killed_master_host_resumes_on_a_spare_from_the_checkpoint(make_cluster:
     assert "resumes at step" in (run_dir / "attempt-1" / "node2.log").read_text()
     assert json.loads((run_dir / "attempt-1" / "summary.json").read_text())["exit_code"] == 0
     wait_for(lambda: no_attempt_left(cluster, summary, [1, 2]), 30, "no job process left")
+    assert_the_account_of_a_killed_host(text, run_dir, summary, wall, int(resumed.group(1)))
+
+
+def assert_the_account_of_a_killed_host(text: str, run_dir: Path, summary: dict[str, Any], wall: float,
+                                        resumed_at: int) -> None:
+    """Its parts add up to the wall time; node0 is charged at least from its loss to the next
+    attempt's first step; the re-done steps are those after the checkpoint the next attempt resumed."""
+    account = summary["account"]
+    assert text.rstrip().splitlines()[-1] == f"ddpctl: {account['line']}"
+    assert re.match(r"goodput \d+ % \(\d+ s of \d+ s\): \d+ s to node0 \(lost: ", account["line"]), account["line"]
+    parts = account["productive_s"] + sum(p["seconds"] for p in account["parts"])
+    assert parts == pytest.approx(account["wall_s"], rel=0.02)
+    assert account["wall_s"] == pytest.approx(wall, rel=0.02, abs=2.0)  # `up`'s own start-up is outside the run
+    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    lost = next(e["t"] for e in events if e["event"] == "lost" and e["host"] == "node0")
+    resumed = next(e["t"] for e in events if e["event"] == "first step" and e["attempt"] == 1)
+    assert account["hosts"]["node0"] >= resumed - lost
+    assert {p["kind"] for p in account["parts"] if p["host"] == "node0"} >= {"fencing", "relaunch", "re-done"}
+    redone = account["redone"]
+    assert redone["known"] and abs(redone["since_step"] - resumed_at) <= 2, redone
+    assert abs(redone["steps"] - (summary["attempts"][0]["steps"] - resumed_at)) <= 2, (redone, summary["attempts"])
+    report = json.loads((run_dir / "attempt-1" / "report.json").read_text())
+    assert report["account"]["line"] == account["line"]
 
 
 def test_host_fault_exit_code_and_a_spare_failing_the_checks_take_the_next_spare(

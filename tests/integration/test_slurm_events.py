@@ -95,6 +95,10 @@ def test_an_admins_requeue_is_followed_to_the_rerun_whose_result_is_the_jobs(slu
     assert state["JobState"] == "COMPLETED" and state["Restarts"] == "1"  # it ran again, nobody cancelled it
     assert summary(tmp_path)["exit_code"] == 0
     assert active_jobs(c) == []
+    account = summary(tmp_path)["account"]  # Slurm's own waits are parts of their own
+    waits = {p["kind"]: p["seconds"] for p in account["parts"]}
+    assert waits.get("requeue", 0) > 0 and "pending" in waits, account
+    assert re.search(r"\d+ s requeue", account["line"]), account["line"]
 
 
 def test_a_cancel_from_outside_ddpctl_is_named_and_no_rank_is_blamed(slurm_cluster: SlurmCluster,

@@ -66,6 +66,12 @@ def test_a_slow_rank_is_named_with_its_host_and_side(cluster2: Cluster, tmp_path
     assert slow["wait_ms"] < min(r["wait_ms"] for r in report["ranks"] if r["rank"] != rank)
     assert report["throughput"] and report["findings"][0]["kind"] == "straggler"
     assert "straggler" in (run_dir / "report.html").read_text()
+    account = summary["account"]  # the others' wait for it, while its finding was open, is charged to its host
+    (waited,) = [p for p in account["parts"] if p["kind"] == "straggler"]
+    assert waited["host"] == host and waited["seconds"] > 0
+    assert list(account["hosts"]) == [host], account
+    assert re.search(rf"\d+ s to {host} \(\d+ s straggler\)", account["line"]), account["line"]
+    assert report["account"]["line"] == account["line"]
 
 
 def test_a_balanced_run_with_noise_names_no_straggler(cluster2: Cluster, tmp_path: Path) -> None:
@@ -77,6 +83,10 @@ def test_a_balanced_run_with_noise_names_no_straggler(cluster2: Cluster, tmp_pat
     assert summary["findings"] == [], out.stderr
     assert summary["steps"] == 250
     assert "straggler" not in out.stderr and "back to pace" not in out.stderr
+    account = summary["account"]  # a clean run: over 90 % productive once every rank has stepped
+    startup = sum(p["seconds"] for p in account["parts"] if p["kind"] == "start-up")
+    assert account["productive_s"] / (account["wall_s"] - startup) > 0.9, account
+    assert account["hosts"] == {} and out.stderr.rstrip().splitlines()[-1] == f"ddpctl: {account['line']}"
 
 
 def test_a_transient_straggler_is_named_then_back_to_pace(cluster2: Cluster, tmp_path: Path) -> None:

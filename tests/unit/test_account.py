@@ -39,8 +39,8 @@ LOST_HOST = [*start(), E(5, ev.LAUNCH, attempt=0), E(14.5, ev.FIRST_STEP, attemp
              E(209.2, ev.ATTEMPT_END, attempt=1, outcome="ok", step=400, last_step=T0 + 209.2),
              E(209.6, ev.RUN_END, outcome="ok")]
 
-CLEAN = [*start(False), E(8, ev.FIRST_STEP, attempt=0, step=1), E(100, ev.ATTEMPT_END, attempt=0, outcome="ok",
-                                                                    last_step=T0 + 99), E(100, ev.RUN_END, outcome="ok")]
+CLEAN = [*start(False), E(8, ev.FIRST_STEP, attempt=0, step=1),
+         E(100, ev.ATTEMPT_END, attempt=0, outcome="ok", last_step=T0 + 99), E(100, ev.RUN_END, outcome="ok")]
 
 ERROR_NO_CHECKPOINTS = [*start(False), E(10, ev.FIRST_STEP, attempt=0, step=1),
                         E(40, ev.FAILED, attempt=0, host="node1", cause="failed"),
