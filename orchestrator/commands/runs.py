@@ -11,6 +11,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from inventory import ConfigError
 from orchestrator.account import text
 from orchestrator.commands.common import JsonOpt, console, err_console, handle_errors
 from orchestrator.hostops.runs import DEFAULT_SINCE, RunsView, parse_since, runs_view
@@ -41,13 +42,21 @@ def runs_command(since: SinceOpt = DEFAULT_SINCE, as_json: JsonOpt = False, html
     for warning in view.warnings:
         err_console.print(f"[yellow]warning:[/] {escape(warning)}")
     if html is not None:
-        html.write_text(render_runs_html(view), encoding="utf-8")
+        write_page(html, render_runs_html(view))
     if as_json:
         console.print_json(json.dumps([a.to_json() for a in view.accounts]))
         return
     print_view(view, since)
     if html is not None:
         console.print(escape(f"page: {html}"), style="dim")
+
+
+def write_page(path: Path, page: str) -> None:
+    try:
+        path.write_text(page, encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot write {path}: {exc.strerror or exc}", key="--html",
+                          hint="name a file in a folder that exists and you can write: --html runs.html") from None
 
 
 def print_view(view: RunsView, since: str) -> None:

@@ -23,24 +23,12 @@ from orchestrator.restarts import hostledger
 NOW = 1_700_000_000.0
 H = 3600.0
 
-# The tables of a version-1 file, as ddpctl wrote them before accounts (written out, not imported:
-# the test is of that file, whatever the code's SCHEMA becomes).
-V1 = (
-    """CREATE TABLE hosts (key TEXT PRIMARY KEY, name TEXT NOT NULL, address TEXT NOT NULL,
-       hostname TEXT, gpus INTEGER, first_seen REAL NOT NULL, last_seen REAL, runs INTEGER NOT NULL DEFAULT 0)""",
-    """CREATE TABLE runs (id INTEGER PRIMARY KEY, host TEXT NOT NULL, run_id TEXT NOT NULL,
-       at REAL NOT NULL, kind TEXT NOT NULL, UNIQUE (host, run_id, kind))""",
-    """CREATE TABLE events (id INTEGER PRIMARY KEY, host TEXT NOT NULL, at REAL NOT NULL,
-       run_id TEXT, kind TEXT NOT NULL, detail TEXT NOT NULL)""",
-    "CREATE INDEX events_by_host ON events (host, at)",
-    "CREATE INDEX runs_by_host ON runs (host, at)",
-)
-
 
 def version_1_file(path: Path) -> None:
+    """What version 1 wrote (its migration from an empty file), with a host, a run and an event."""
     db = sqlite3.connect(path)
     try:
-        for statement in V1:
+        for statement in ledger_mod.MIGRATIONS[1]:
             db.execute(statement)
         key = key_of(NODE1)
         db.execute("INSERT INTO hosts VALUES (?, 'node1', '198.18.0.11', 'gpu-b', 8, 10.0, 20.0, 1)", (key,))
@@ -56,6 +44,12 @@ def version_1_file(path: Path) -> None:
 def test_a_version_1_file_upgrades_in_place_and_keeps_its_hosts_runs_and_events(tmp_path: Path) -> None:
     path = tmp_path / "hosts.sqlite"
     version_1_file(path)
+    db = sqlite3.connect(path)
+    try:
+        assert {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")} == {
+            "hosts", "runs", "events"}
+    finally:
+        db.close()
     book = Ledger(path)
     assert book.record_account(account("new-1", NOW, node1=40.0), HOSTS) == []
     db = sqlite3.connect(path)

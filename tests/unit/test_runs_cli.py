@@ -105,6 +105,11 @@ def test_html_writes_one_page_that_fetches_nothing(tmp_path: Path) -> None:
         assert banned not in lowered, banned
 
 
+def test_a_page_that_cannot_be_written_is_an_error_naming_the_flag(tmp_path: Path) -> None:
+    code, out = runs("--html", str(tmp_path / "no" / "such" / "runs.html"))
+    assert code == 2 and "option --html: cannot write" in out and "Traceback" not in out
+
+
 def test_the_window_sums_each_runs_losses_by_kind_and_by_host() -> None:
     now = time.time()
     seed(now)
