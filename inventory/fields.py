@@ -18,8 +18,14 @@ MAX_NPROC_PER_NODE = 1024
 declare: far beyond any real machine, so a larger number is a typo, not a cluster."""
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")  # \Z: "$" would let a trailing newline through
 _TOKEN_BAD = re.compile(r"[\s\x00-\x1f\x7f]")
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*(s|m|min|h|d)\Z")
-_DURATION_UNITS = {"s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*(s|m|min|h|d|w)\Z")
+_DURATION_UNITS = {"s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0, "w": 7 * 86400.0}
+
+
+def duration_seconds(text: str) -> float | None:
+    """A duration with its unit ("90s", "30m", "24h", "7d", "2w") in seconds; None if it is not one."""
+    m = _DURATION.match(text.strip().lower())
+    return float(m.group(1)) * _DURATION_UNITS[m.group(2)] if m else None
 
 
 def describe(value: object) -> str:
@@ -125,8 +131,8 @@ def expect_duration(src: Reporter, key: str, value: object, minimum: float, maxi
     seconds: float | None = None
     if _scalar(value) and not isinstance(value, bool):
         seconds = float(value)  # type: ignore[arg-type]
-    elif isinstance(value, str) and (m := _DURATION.match(value.strip().lower())):
-        seconds = float(m.group(1)) * _DURATION_UNITS[m.group(2)]
+    elif isinstance(value, str):
+        seconds = duration_seconds(value)
     if seconds is None:
         raise src.error(key, f"expected seconds or a duration, got {describe(value)}",
                         f'write seconds ({key.rsplit(".", 1)[-1]} = 86400) or a duration with its unit: '

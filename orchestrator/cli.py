@@ -32,6 +32,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "sync": ("sync", "sync_command"),
     "prune": ("prune", "prune_command"),
     "hosts": ("hosts", "hosts_command"),
+    "runs": ("runs", "runs_command"),
 }
 
 

@@ -1,4 +1,5 @@
-"""`ddpctl hosts`: the host ledger, one row per host (runs, last seen, faults, state), and
+"""`ddpctl hosts`: the host ledger, one row per host (runs, last seen, faults, what it cost the runs
+in the quarantine window, state), and
 `--release HOST` after a repair (orchestrator/hostops/hostbook.py)."""
 
 from __future__ import annotations
@@ -34,8 +35,9 @@ def hosts_command(inventory: InventoryOpt = None, release: ReleaseOpt = None, as
     """Every host's runs, faults and state: ok, suspect or quarantined.
 
     The host ledger on this machine records each doctor run and each `up` attempt: the hosts seen,
-    each host lost, each host fault, hardware line and straggler. A host with 2 host faults in 24 h
-    (the inventory's quarantine_after, quarantine_window) is quarantined: `up` leaves it out.
+    each host lost, each host fault, hardware line and straggler, and the time each run lost to it
+    (the cost column: within the quarantine window). A host with 2 host faults in 24 h (the
+    inventory's quarantine_after, quarantine_window) is quarantined: `up` leaves it out.
 
     \b
     Examples:
@@ -129,12 +131,13 @@ def print_view(view: HostsView) -> None:
     if not view.rows:
         console.print(escape(f"no host in the ledger yet ({view.path}): `ddpctl doctor` and `ddpctl up` fill it"))
         return
-    table = Table("host", "address", "runs", "last seen", "faults", "mtbf", "state", box=None, pad_edge=False)
+    table = Table("host", "address", "runs", "last seen", "faults", f"cost {duration(view.policy.window)}", "mtbf",
+                  "state", box=None, pad_edge=False)
     for row in view.rows:
         r, j = row.record, row.judgement
         mtbf = duration(round(j.mtbf)) if j.mtbf is not None else "-"
         table.add_row(escape(r.name), escape(r.address), str(r.runs), when(r.last_seen), escape(faults_cell(row)),
-                      mtbf, f"[{STATE_STYLE[j.state]}]{j.state.value}[/]")
+                      row.cost.text(), mtbf, f"[{STATE_STYLE[j.state]}]{j.state.value}[/]")
     console.print(table)
     for row in view.rows:
         if row.judgement.state is LedgerState.QUARANTINED:

@@ -1,6 +1,6 @@
-"""The ledger read for people and for `up`: one row per host with its state (`ddpctl hosts`), a
-release, and the screening of a job's hosts before a launch (quarantined ones left out, suspect
-ones named)."""
+"""The ledger read for people and for `up`: one row per host with its state and what it cost the runs
+in the quarantine window (`ddpctl hosts`), a release, and the screening of a job's hosts before a
+launch (quarantined ones left out, suspect ones named)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,17 @@ from dataclasses import dataclass, field
 
 from inventory import ConfigError, Host, Inventory, Job
 from orchestrator.hostops.ledger import HostRecord, Ledger
-from orchestrator.hostops.quarantine import Event, EventKind, Judgement, LedgerState, Policy, fault_text, judge
+from orchestrator.hostops.quarantine import (
+    Event,
+    EventKind,
+    Judgement,
+    LedgerState,
+    Policy,
+    Spent,
+    fault_text,
+    judge,
+    spent,
+)
 
 
 @dataclass(frozen=True)
@@ -21,6 +31,7 @@ class HostRow:
 
     record: HostRecord
     judgement: Judgement
+    cost: Spent = field(default_factory=Spent)  # what it cost the runs in the quarantine window
 
     @property
     def counts(self) -> dict[str, int]:
@@ -42,6 +53,7 @@ class HostRow:
                 "first_seen": r.first_seen, "last_seen": r.last_seen, "faults": self.counts,
                 "last": None if last is None else {"kind": last.kind.value, "at": last.at, "run_id": last.run_id,
                                                    "detail": last.detail},
+                "cost": {"seconds": round(self.cost.seconds, 3), "runs": self.cost.runs},
                 "mtbf_s": j.mtbf, "state": j.state.value, "reason": j.reason}
 
 
@@ -54,11 +66,14 @@ class HostsView:
 
 
 def hosts_view(inventory: Inventory | None, ledger: Ledger | None = None, now: float | None = None) -> HostsView:
-    """Every host the ledger knows (with an inventory: its hosts, spares included, known or not)."""
+    """Every host the ledger knows (with an inventory: its hosts, spares included, known or not), with
+    what it cost the runs in the quarantine window."""
     ledger = ledger or Ledger()
+    now = time.time() if now is None else now
     policy = Policy.of(inventory) if inventory is not None else Policy()
     reading = ledger.read(None if inventory is None else inventory.hosts)
-    rows = [HostRow(r, judge(r.events, policy, now)) for r in reading.hosts]
+    rows = [HostRow(r, judge(r.events, policy, now, r.costs), spent(r.costs, now - policy.window))
+            for r in reading.hosts]
     return HostsView(str(ledger.path), policy, rows, reading.warnings)
 
 
@@ -86,7 +101,7 @@ def release_host(inventory: Inventory | None, name: str, ledger: Ledger | None =
                           key="--release", hint="name the inventory (-i hosts.toml) or give the address")
     record = matches[0]
     policy = Policy.of(inventory) if inventory is not None else Policy()
-    was = judge(record.events, policy)
+    was = judge(record.events, policy, costs=record.costs)
     warnings = ledger.release(record, f"released by {_who()}" + (f" {how}" if how else ""))
     return Released(record, was, reading.warnings + warnings)
 
@@ -130,7 +145,7 @@ def screen(job: Job, hosts: Sequence[Host], ledger: Ledger | None = None, now: f
     out = Screening(warnings=reading.warnings)
     now = time.time() if now is None else now
     for host, record in zip(hosts, reading.hosts, strict=True):
-        verdict = judge(record.events, policy, now)
+        verdict = judge(record.events, policy, now, record.costs)
         if verdict.state is LedgerState.QUARANTINED:
             out.quarantined[host.name] = verdict.reason or "quarantined"
         elif verdict.state is LedgerState.SUSPECT:

@@ -1,7 +1,8 @@
 """The host ledger: what ddpctl learns about each host, kept across runs on this machine in one SQLite
 file (`$DDPCTL_STATE_DIR/hosts.sqlite`, else `$XDG_STATE_HOME/ddpctl/hosts.sqlite`, else
 `~/.local/state/ddpctl/hosts.sqlite`): each host as seen, its runs, and its events (faults, findings,
-releases). WAL, a busy timeout and short transactions let several ddpctl processes write at once.
+releases); each run's time account (orchestrator/account) and what each host cost it. WAL, a busy
+timeout and short transactions let several ddpctl processes write at once.
 
 It never blocks a launch: every operation turns a SQLite or OS error (locked, corrupt, read-only, a
 disk error) into a warning and goes on without it; a corrupt file is moved aside
@@ -10,6 +11,8 @@ disk error) into a warning and goes on without it; a corrupt file is moved aside
 from __future__ import annotations
 
 import contextlib
+import json
+import math
 import os
 import sqlite3
 import time
@@ -19,17 +22,21 @@ from pathlib import Path
 from typing import Protocol, TypeVar
 
 from inventory import Host
-from orchestrator.hostops.quarantine import Event, EventKind
+from orchestrator.account import text
+from orchestrator.account.compute import Account
+from orchestrator.hostops.quarantine import Cost, Event, EventKind
 from orchestrator.remote.wire import HostFacts
 
 FILE_NAME = "hosts.sqlite"
 STATE_DIR_ENV = "DDPCTL_STATE_DIR"
 BUSY_TIMEOUT_S = 3.0  # a writer waits this long for another one's transaction, then warns and goes on
-SCHEMA_VERSION = 1  # PRAGMA user_version
-# Bounded: each host keeps its newest KEEP_EVENTS events and KEEP_RUNS runs (its run count goes on
-# counting). A release is newer than the faults it clears, so trimming never brings one back.
+SCHEMA_VERSION = 2  # PRAGMA user_version
+# Bounded: each host keeps its newest KEEP_EVENTS events, KEEP_RUNS runs and KEEP_RUNS costs (its run
+# count goes on counting); the file keeps the newest KEEP_ACCOUNTS accounts. A release is newer than
+# the faults it clears, so trimming never brings one back.
 KEEP_EVENTS = 500
 KEEP_RUNS = 500
+KEEP_ACCOUNTS = 2000
 DETAIL_CHARS = 500
 
 SCHEMA = (
@@ -42,6 +49,19 @@ SCHEMA = (
     "CREATE INDEX IF NOT EXISTS events_by_host ON events (host, at)",
     "CREATE INDEX IF NOT EXISTS runs_by_host ON runs (host, at)",
 )
+# Version 2: each run's account, and each host's cost per run (the seconds of the run's losses
+# charged to it). Added tables only: a version-1 file upgrades in place, its rows kept.
+SCHEMA_2 = (
+    """CREATE TABLE IF NOT EXISTS accounts (run_id TEXT PRIMARY KEY, job TEXT, started REAL NOT NULL,
+       ended REAL NOT NULL, wall_s REAL NOT NULL, productive_s REAL NOT NULL, goodput REAL, outcome TEXT NOT NULL,
+       attempts INTEGER NOT NULL, biggest TEXT NOT NULL, account TEXT NOT NULL)""",
+    "CREATE INDEX IF NOT EXISTS accounts_by_start ON accounts (started)",
+    """CREATE TABLE IF NOT EXISTS costs (id INTEGER PRIMARY KEY, host TEXT NOT NULL, run_id TEXT NOT NULL,
+       at REAL NOT NULL, seconds REAL NOT NULL, causes TEXT NOT NULL, UNIQUE (host, run_id))""",
+    "CREATE INDEX IF NOT EXISTS costs_by_host ON costs (host, at)",
+)
+# The statements that bring a file of version N - 1 to version N.
+MIGRATIONS: dict[int, tuple[str, ...]] = {1: SCHEMA, 2: SCHEMA_2}
 
 T = TypeVar("T")
 
@@ -97,6 +117,7 @@ class HostRecord:
     last_seen: float | None = None
     runs: int = 0
     events: tuple[Event, ...] = ()
+    costs: tuple[Cost, ...] = ()  # what it cost each run it was charged in, oldest first
 
     @property
     def key(self) -> str:
@@ -106,6 +127,14 @@ class HostRecord:
 @dataclass
 class Reading:
     hosts: list[HostRecord] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+@dataclass
+class AccountReading:
+    """Runs' accounts, newest first, and the ledger's warnings."""
+
+    accounts: list[Account] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
 
 
@@ -148,6 +177,21 @@ class Ledger:
         when = time.time() if at is None else at
         _, warnings = self._guard("releasing", lambda db: _release(db, record, detail, when), None)
         return warnings
+
+    def record_account(self, account: Account, hosts: Sequence[Host]) -> list[str]:
+        """Record a run's account (again: it replaces the run's earlier one) and each host's cost in
+        it (`hosts`: the job's, to find the hosts of account.by_host(); one not among them is not
+        charged); the warnings."""
+        if not account.run_id:
+            return ["host ledger: an account without a run id is not recorded"]
+        _, warnings = self._guard("recording the run's account", lambda db: _record_account(db, account, hosts), None)
+        return warnings
+
+    def accounts(self, since: float, until: float | None = None) -> AccountReading:
+        """The accounts of the runs that started at or after `since` (and before `until`), newest first."""
+        nothing: list[Account] = []
+        found, warnings = self._guard("reading the runs' accounts", lambda db: _accounts(db, since, until), nothing)
+        return AccountReading(found, warnings)
 
     def _open(self) -> sqlite3.Connection:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -225,15 +269,22 @@ def describe(exc: BaseException) -> str:
     return text
 
 
-def _schema(db: sqlite3.Connection) -> None:
-    version = db.execute("PRAGMA user_version").fetchone()[0]
-    if version == SCHEMA_VERSION:
-        return
+def _version(db: sqlite3.Connection) -> int:
+    version = int(db.execute("PRAGMA user_version").fetchone()[0])
     if version > SCHEMA_VERSION:
         raise TooNew(f"written by a newer ddpctl (schema {version}, this one reads {SCHEMA_VERSION})")
+    return version
+
+
+def _schema(db: sqlite3.Connection) -> None:
+    """Bring the file to SCHEMA_VERSION, one migration at a time, in one transaction (the version
+    read again inside it: another ddpctl may have upgraded it meanwhile)."""
+    if _version(db) == SCHEMA_VERSION:
+        return
     with _transaction(db):
-        for statement in SCHEMA:
-            db.execute(statement)
+        for version in range(_version(db) + 1, SCHEMA_VERSION + 1):
+            for statement in MIGRATIONS[version]:
+                db.execute(statement)
         db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
 
@@ -284,7 +335,7 @@ def _record(db: sqlite3.Connection, run_id: str, kind: str, seen: Sequence[Sight
 
 
 def _trim(db: sqlite3.Connection, key: str) -> None:
-    for table, keep in (("events", KEEP_EVENTS), ("runs", KEEP_RUNS)):
+    for table, keep in (("events", KEEP_EVENTS), ("runs", KEEP_RUNS), ("costs", KEEP_RUNS)):
         db.execute(f"DELETE FROM {table} WHERE host = ? AND id NOT IN "
                    f"(SELECT id FROM {table} WHERE host = ? ORDER BY at DESC, id DESC LIMIT ?)", (key, key, keep))
 
@@ -298,6 +349,46 @@ def _release(db: sqlite3.Connection, record: HostRecord, detail: str, at: float)
         _trim(db, record.key)
 
 
+def _record_account(db: sqlite3.Connection, account: Account, hosts: Sequence[Host]) -> None:
+    by_name = {h.name: h for h in hosts}
+    goodput = account.goodput
+    with _transaction(db):
+        db.execute("INSERT OR REPLACE INTO accounts (run_id, job, started, ended, wall_s, productive_s, goodput, "
+                   "outcome, attempts, biggest, account) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                   (account.run_id, account.job, account.started, account.ended, account.wall_s,
+                    account.productive_s, goodput, account.outcome, account.attempts, text.biggest(account),
+                    json.dumps(account.to_json())))
+        db.execute("DELETE FROM costs WHERE run_id = ?", (account.run_id,))
+        for name, seconds in account.by_host().items():
+            host = by_name.get(name)
+            if host is None or seconds <= 0:
+                continue
+            key = _ensure(db, host, account.ended)
+            db.execute("INSERT INTO costs (host, run_id, at, seconds, causes) VALUES (?, ?, ?, ?, ?)",
+                       (key, account.run_id, account.ended, seconds, causes_of(account, name)[:DETAIL_CHARS]))
+            _trim(db, key)
+        db.execute("DELETE FROM accounts WHERE run_id NOT IN "
+                   "(SELECT run_id FROM accounts ORDER BY started DESC, run_id DESC LIMIT ?)", (KEEP_ACCOUNTS,))
+
+
+def causes_of(account: Account, host: str) -> str:
+    """The causes the host is charged for in the account, the costliest first: `lost, SIGKILL`."""
+    causes: dict[str, float] = {}
+    for part in account.parts:
+        if part.host == host:
+            causes[part.cause or part.kind] = causes.get(part.cause or part.kind, 0.0) + part.seconds
+    return ", ".join(sorted(causes, key=lambda c: -causes[c]))
+
+
+def _accounts(db: sqlite3.Connection, since: float, until: float | None) -> list[Account]:
+    found = []
+    for (data,) in db.execute("SELECT account FROM accounts WHERE started >= ? AND started < ? "
+                              "ORDER BY started DESC, run_id DESC", (since, math.inf if until is None else until)):
+        with contextlib.suppress(ValueError, KeyError, TypeError):  # a newer ddpctl's shape: skipped
+            found.append(Account.from_json(json.loads(data)))
+    return found
+
+
 def _read(db: sqlite3.Connection, hosts: list[Host] | None) -> list[HostRecord]:
     rows = {r[0]: r for r in db.execute(
         "SELECT key, name, address, hostname, gpus, first_seen, last_seen, runs FROM hosts ORDER BY name, address")}
@@ -308,6 +399,10 @@ def _read(db: sqlite3.Connection, hosts: list[Host] | None) -> list[HostRecord]:
             events.setdefault(key, []).append(Event(at, EventKind(kind), detail, run_id))
         except ValueError:  # a newer ddpctl's kind: not ours to judge
             continue
+    costs: dict[str, list[Cost]] = {}
+    for key, at, run_id, seconds, causes in db.execute(
+            "SELECT host, at, run_id, seconds, causes FROM costs ORDER BY at, id"):
+        costs.setdefault(key, []).append(Cost(at, run_id, seconds, causes))
     keys = list(rows) if hosts is None else [key_of(h) for h in hosts]
     found = []
     for i, key in enumerate(keys):
@@ -316,7 +411,8 @@ def _read(db: sqlite3.Connection, hosts: list[Host] | None) -> list[HostRecord]:
             assert hosts is not None
             found.append(HostRecord(hosts[i].name, address_of(hosts[i])))
             continue
-        found.append(HostRecord(row[1], row[2], row[3], row[4], row[5], row[6], row[7], tuple(events.get(key, ()))))
+        found.append(HostRecord(row[1], row[2], row[3], row[4], row[5], row[6], row[7], tuple(events.get(key, ())),
+                                tuple(costs.get(key, ()))))
     return found
 
 

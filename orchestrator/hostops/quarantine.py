@@ -1,15 +1,18 @@
 """The quarantine policy, pure: a host's ledger events (orchestrator/hostops/ledger.py) -> its state
-(ok, suspect, quarantined), the reason in one line, and the mean time between its faults."""
+(ok, suspect, quarantined), the reason in one line (with the time its faults cost the runs, where
+the ledger has their accounts), and the mean time between its faults."""
 
 from __future__ import annotations
 
 import enum
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from inventory import Inventory, Job
 from inventory.model import DEFAULT_QUARANTINE_AFTER, DEFAULT_QUARANTINE_WINDOW
+from orchestrator.account import text
 
 
 class EventKind(str, enum.Enum):
@@ -36,6 +39,36 @@ class Event:
     kind: EventKind
     detail: str
     run_id: str | None = None
+
+
+@dataclass(frozen=True)
+class Cost:
+    """What a host cost one run: the seconds of the run's account charged to it, and their causes."""
+
+    at: float  # the run's end
+    run_id: str
+    seconds: float
+    causes: str  # "lost, SIGKILL": the costliest first
+
+
+@dataclass(frozen=True)
+class Spent:
+    """A host's costs in a window: the seconds in all, in how many runs."""
+
+    seconds: float = 0.0
+    runs: int = 0
+
+    def text(self) -> str:
+        """`2.3 min in 3 runs`; `-` for none."""
+        if self.runs == 0:
+            return "-"
+        return f"{text.seconds(self.seconds)} in {self.runs} run{'s' if self.runs != 1 else ''}"
+
+
+def spent(costs: Sequence[Cost], since: float) -> Spent:
+    """The costs at or after `since`."""
+    recent = [c for c in costs if c.at >= since]
+    return Spent(sum(c.seconds for c in recent), len({c.run_id for c in recent}))
 
 
 class LedgerState(str, enum.Enum):
@@ -109,24 +142,28 @@ def mean_between(events: Sequence[Event]) -> float | None:
     return (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else None
 
 
-def judge(events: Sequence[Event], policy: Policy, now: float | None = None) -> Judgement:
+def judge(events: Sequence[Event], policy: Policy, now: float | None = None, costs: Sequence[Cost] = ()) -> Judgement:
     """A host's state: quarantined with `policy.after` host faults within `policy.window` since its
     last release; suspect with one (or more, where the quarantine is off), or a deep check's finding
-    since its last release; else ok."""
+    since its last release; else ok. The reason says what the host cost the runs (`costs`) in the
+    window since its last release, where that rounds to a second or more."""
     now = time.time() if now is None else now
     current = since_release(events)
     faults = tuple(e for e in current if e.kind in FAULTS)
     recent = [e for e in faults if now - e.at <= policy.window]
     mtbf = mean_between(events)
     listed = ", ".join(fault_text(e) for e in recent[-policy.after:])
+    released = max((e.at for e in events if e.kind is EventKind.RELEASE), default=-math.inf)
+    cost = spent(costs, max(now - policy.window, released))
+    costing = f", costing {text.seconds(cost.seconds)}" if cost.seconds >= text.SHOWN_FROM_S else ""
     if len(recent) >= policy.after:
-        reason = f"{len(recent)} host faults in {duration(policy.window)}: {listed}"
+        reason = f"{len(recent)} host faults in {duration(policy.window)}{costing}: {listed}"
         if policy.enabled:
             return Judgement(LedgerState.QUARANTINED, reason, faults, mtbf)
         return Judgement(LedgerState.SUSPECT, reason + " (quarantine is off)", faults, mtbf)
     if recent:
-        return Judgement(LedgerState.SUSPECT, f"{len(recent)} host fault(s) in {duration(policy.window)}: {listed}",
-                         faults, mtbf)
+        return Judgement(LedgerState.SUSPECT,
+                         f"{len(recent)} host fault(s) in {duration(policy.window)}{costing}: {listed}", faults, mtbf)
     deep = [e for e in current if e.kind is EventKind.DEEP_FINDING]
     if deep:
         return Judgement(LedgerState.SUSPECT, f"deep check: {deep[-1].detail}", faults, mtbf)

@@ -1,8 +1,9 @@
 """The host ledger around `up`'s launches (orchestrator/hostops/ledger.py): before a launch, the
 quarantined hosts are left out (spares take their places, else the job shrinks to [restart]
 min_nodes, else it is refused) and the suspect ones named; after it, what it learned of each host
-is recorded: seen, each host lost, each host fault, each hardware line, each straggler. The ledger
-never stops a launch: its troubles are warnings."""
+is recorded: seen, each host lost, each host fault, each hardware line, each straggler; and at the
+run's end its time account, with what each host cost it. The ledger never stops a launch: its
+troubles are warnings."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
 from inventory import Host, Job
+from orchestrator.account.compute import Account
 from orchestrator.errors import LaunchBlocked
 from orchestrator.hostops import hostbook
 from orchestrator.hostops.ledger import Ledger, Note, Sighting
@@ -51,6 +53,17 @@ def record_attempt(job: Job, result: RunResult, lost: Mapping[str, str], faults:
     except Exception as exc:  # the ledger never stops a launch
         return [f"host ledger: attempt {result.job_id} not recorded ({exc})"]
     return (ledger or Ledger()).record(result.job_id, "up", seen, notes)
+
+
+def record_account(job: Job, account: Account, ledger: Ledger | None = None) -> list[str]:
+    """Record the run's time account (`ddpctl runs` lists it) and what each host of `job` (or of its
+    inventory: a spare that took a place) cost it; the ledger's warnings. On Slurm the account is
+    kept but no host is charged (its nodes are Slurm's, as in record_attempt)."""
+    try:
+        hosts = [] if job.slurm is not None else [*job.inventory.hosts, *job.hosts]
+    except Exception as exc:  # the ledger never stops a launch
+        return [f"host ledger: run {account.run_id}'s account not recorded ({exc})"]
+    return (ledger or Ledger()).record_account(account, hosts)
 
 
 def record_start(job: Job, run_id: str, ledger: Ledger | None = None) -> list[str]:

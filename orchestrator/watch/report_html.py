@@ -1,4 +1,5 @@
-"""A finished run's report.json as one self-contained HTML page: tables and inline SVG charts drawn by hand.
+"""A finished run's report.json as one self-contained HTML page: tables and inline SVG charts drawn by hand
+(where the report has the run's time account, its section first: account_html.py).
 
 Standard library only, no script, no external URL: the page opens the same on a laptop offline or from a
 CI artifact. Every string from the report is escaped; every number may be missing (None, NaN) and is then
@@ -13,6 +14,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, TypeAlias
+
+from orchestrator.watch import account_html
 
 Point: TypeAlias = tuple[float, float]
 Tick: TypeAlias = tuple[float, str]
@@ -516,11 +519,14 @@ def render_html(report: Mapping[str, Any]) -> str:
     started = _num(report.get("started"))
     findings, ranks = _records(report.get("findings")), _records(report.get("ranks"))
     stragglers = {r for f in findings if f.get("kind") == "straggler" and (r := _int(f.get("rank"))) is not None}
-    sections = [("Findings", _findings_table(findings, started)),
+    account = report.get("account")
+    sections = [("Where the time went", account_html.account_section(account))] if isinstance(account, Mapping) else []
+    sections += [("Findings", _findings_table(findings, started)),
                 ("Throughput", _throughput_chart(report, findings, started)),
                 ("Step time per rank", _rank_chart(ranks, stragglers) + _ddp_split(ranks, stragglers)),
                 ("Hosts", _host_charts(report))]
     body = "".join(f"<section><h2>{title}</h2>{content}</section>" for title, content in sections)
     return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-            f"<title>ddpctl run report: {_esc(report.get('job_id'))}</title><style>{CSS}</style></head>"
+            f"<title>ddpctl run report: {_esc(report.get('job_id'))}</title>"
+            f"<style>{CSS}{account_html.CSS if isinstance(account, Mapping) else ''}</style></head>"
             f"<body><header>{_header(report)}</header>{body}</body></html>\n")

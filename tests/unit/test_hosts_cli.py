@@ -8,6 +8,7 @@ import json
 import time
 from pathlib import Path
 
+from account_fixtures import HOSTS, account
 from typer.testing import CliRunner
 
 from inventory import Host
@@ -72,6 +73,23 @@ def test_json_carries_every_field() -> None:
     assert by_name["node1"]["state"] == "quarantined" and by_name["node1"]["faults"] == {"lost": 1, "host_fault": 1}
     assert by_name["node1"]["last"]["run_id"] == "train-2" and round(by_name["node1"]["mtbf_s"]) == 540
     assert by_name["node0"]["state"] == "ok" and by_name["node0"]["runs"] == 2
+
+
+def test_the_cost_column_sums_what_each_host_cost_the_runs_in_the_quarantine_window(tmp_path: Path) -> None:
+    seed()
+    now = time.time()
+    for run_id, ago, lost in (("train-1.0", 600, 100.0), ("train-2", 60, 86.0), ("train-0", 3 * 86400, 900.0)):
+        Ledger().record_account(account(run_id, now - ago - 600, node1=lost, node0=4.0), HOSTS)
+    code, out = hosts()
+    assert code == 0, out
+    header = next(line for line in out.splitlines() if line.startswith("host "))
+    row1 = next(line for line in out.splitlines() if line.startswith("node1"))
+    assert "cost 24 h" in header and "186 s in 2 runs" in row1 and "8 s in 2 runs" in out
+    assert "node1: quarantined (2 host faults in 24 h, costing 186 s: lost at " in out
+    by_name = {h["name"]: h for h in json.loads(hosts("--json")[1])["hosts"]}
+    assert by_name["node1"]["cost"] == {"seconds": 186.0, "runs": 2}
+    code, out = hosts("-i", str(inventory(tmp_path, "quarantine_window = \"7d\"")))
+    assert "cost 7 d" in out and "1086 s in 3 runs" not in out and "18.1 min in 3 runs" in out
 
 
 def test_an_inventory_lists_its_hosts_known_or_not_under_its_own_settings(tmp_path: Path) -> None:

@@ -220,3 +220,52 @@ def test_a_straggler_that_ended_says_how_long_and_marks_its_end() -> None:
 def test_a_report_without_spans_has_no_end_markers() -> None:
     page = render_html(realistic_report())
     assert "back to pace" not in page
+
+
+# -- the run's time account (report["account"], orchestrator/watch/account_html.py) -------------------------
+
+def with_account() -> dict[str, Any]:
+    from account_fixtures import account
+
+    from orchestrator.account import text
+
+    run = account("r-20240501", STARTED, wall=1800.0, node1=120.0, node0=30.0)
+    return realistic_report() | {"account": {**run.to_json(), "line": text.line(run)}}
+
+
+def test_the_account_section_draws_its_line_a_bar_of_the_wall_time_and_its_parts() -> None:
+    report = with_account()
+    page = render_html(report)
+    assert page.index("<h2>Where the time went</h2>") < page.index("<h2>Findings</h2>")
+    line = report["account"]["line"]
+    assert line in page and line.startswith("goodput 90 % (27.1 min of 30.0 min)")
+    bar = next(block for block in svg_blocks(page) if 'class="stack"' in block)
+    kinds = re.findall(r'<rect [^>]*data-kind="([^"]+)"', bar)
+    assert kinds == ["productive", "detection", "relaunch", "straggler", "start-up", "shutdown"]
+    widths = [float(w) for w in re.findall(r'width="([\d.]+)"', bar)[1:]]
+    assert sum(widths) == pytest.approx(760.0, abs=0.1)  # the parts add up to the wall time
+    rows = re.findall(r'<tr data-kind="([^"]+)">.*?<td>([^<]*)</td><td>([^<]*)</td>', page)
+    assert ("detection", "node1", "lost") in rows and ("straggler", "node0", "straggler") in rows
+    assert ("start-up", "—", "start-up") in rows
+    for block in svg_blocks(page):
+        ET.fromstring(block)
+
+
+def test_a_report_without_an_account_has_no_account_section() -> None:
+    page = render_html(realistic_report())
+    assert "Where the time went" not in page and "account-line" not in page and 'class="stack"' not in page
+
+
+def test_an_account_without_its_line_is_said_from_its_parts_and_a_broken_one_says_so() -> None:
+    report = with_account()
+    line = report["account"].pop("line")
+    assert line in render_html(report)
+    assert "the account in report.json could not be read" in render_html(realistic_report() | {"account": {"x": 1}})
+
+
+def test_the_accounts_strings_are_escaped() -> None:
+    report = with_account()
+    report["account"]["parts"][0]["host"] = EVIL
+    report["account"]["line"] = EVIL
+    page = render_html(report)
+    assert "<script" not in page and "&lt;script&gt;" in page
