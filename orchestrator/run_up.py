@@ -147,7 +147,8 @@ def launch(job: Job, pool: HostPool, runner: Backend, request: UpRequest,
     run_dir = request.options.runs_dir / job_id
     events = open_run(run_dir, job_id, job, [h.name for h in job.hosts])
     events.add(ev.ATTEMPT_START, attempt=0, hosts=[h.name for h in job.hosts])
-    result = core.launch(job, runner, observer, request.options, monitors=standard_monitors, job_id=job_id)
+    result = core.launch(job, runner, observer, request.options, monitors=standard_monitors, job_id=job_id,
+                         events=events)
     result.account = close_run(events, result.exit_code, outcome_of(result))
     if result.account is not None:
         add_to_files(result.account, result.run_dir / "summary.json", result.run_dir)

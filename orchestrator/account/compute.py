@@ -83,7 +83,7 @@ class Redone:
     known: bool
     seconds: float = 0.0
     steps: int | None = None
-    since_step: int | None = None  # the step of the last checkpoint before the failure
+    since_step: int | None = None  # the step of the last checkpoint before the failure (None: more than one)
 
     def to_json(self) -> dict[str, Any]:
         return {"known": self.known, "seconds": round(self.seconds, 3), "steps": self.steps,
@@ -422,6 +422,8 @@ def _redone(events: Sequence[Event], attempts: Sequence[AttemptSpan], segments: 
         if at_fail is not None:
             steps += max(at_fail - (from_step or 0), 0)
         since = from_step if before else 0
+    if len(failures) > 1:
+        since = None  # one step would not say where each of them resumed
     return Redone(True, seconds, steps, since), moved
 
 

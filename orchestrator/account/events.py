@@ -91,24 +91,36 @@ def path_of(run_dir: Path) -> Path:
 
 class EventLog:
     """Appends a run's events to its events.jsonl, a line at a time (a run killed midway keeps
-    what it had). An unwritable file costs the account, never the run: it goes quiet."""
+    what it had). Until the run's directory exists (a launch makes it once its checks pass) the
+    events are held, so a launch that never starts leaves nothing behind. An unwritable file costs
+    the account, never the run: it goes quiet."""
 
     def __init__(self, run_dir: Path | None) -> None:
+        self.run_dir = run_dir
         self.path = path_of(run_dir) if run_dir is not None else None
         self.broken: str | None = None  # why the file could not be written (once)
+        self.held: list[Event] = []
 
     def add(self, kind: str, t: float | None = None, *, attempt: int | None = None, host: str | None = None,
             cause: str | None = None, step: int | None = None, **extra: Any) -> Event:
         event = Event(time.time() if t is None else t, kind, attempt, host, cause, step, extra)
-        if self.path is None or self.broken is not None:
+        if self.path is None or self.run_dir is None or self.broken is not None:
             return event
+        self.held.append(event)
+        if not self.run_dir.is_dir():
+            return event
+        lines, self.held = [json.dumps(e.to_json(), default=str) + "\n" for e in self.held], []
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
             with self.path.open("a", encoding="utf-8") as out:
-                out.write(json.dumps(event.to_json(), default=str) + "\n")
+                out.write("".join(lines))
         except OSError as exc:
             self.broken = f"{self.path}: {exc.strerror or exc}"
         return event
+
+    def events(self) -> list[Event]:
+        """What the file holds, and what is held for it."""
+        written = read(self.path) if self.path is not None and self.path.exists() else []
+        return [*written, *self.held]
 
 
 def read(path: Path) -> list[Event]:

@@ -4,6 +4,7 @@ per run; `--json`, or `--html FILE` for one self-contained page (orchestrator/wa
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -44,7 +45,8 @@ def runs_command(since: SinceOpt = DEFAULT_SINCE, as_json: JsonOpt = False, html
     if html is not None:
         write_page(html, render_runs_html(view))
     if as_json:
-        console.print_json(json.dumps([a.to_json() for a in view.accounts]))
+        # plain: rich's JSON highlighting takes seconds over a few thousand runs
+        sys.stdout.write(json.dumps([a.to_json() for a in view.accounts], indent=2) + "\n")
         return
     print_view(view, since)
     if html is not None:

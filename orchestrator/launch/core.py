@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from inventory import Job
+from orchestrator.account.events import EventLog
 from orchestrator.errors import HostsFailed
 from orchestrator.hostops.runrecord import new_record, write_record
 from orchestrator.launch.backends.base import Backend, DetachReport
@@ -40,12 +41,14 @@ def plan_job(job: Job, backend: Backend, options: LaunchOptions | None = None, *
 
 
 def run_plan(plan: LaunchPlan, backend: Backend, observer: Observer,
-             options: LaunchOptions | None = None, monitors: MonitorFactory = no_monitors) -> RunResult:
+             options: LaunchOptions | None = None, monitors: MonitorFactory = no_monitors,
+             events: EventLog | None = None) -> RunResult:
     """Start a settled plan and supervise it to the end (fail fast, no orphans), with the monitors
-    `monitors` makes for it (orchestrator/watch/factory.py: `up`'s)."""
+    `monitors` makes for it (orchestrator/watch/factory.py: `up`'s); its events go to `events`
+    (its run's, else a log of its own in runs/<run id>/)."""
     options = options or LaunchOptions()
     return Supervision(plan, backend, observer, options.run_dir_of(plan.job_id), options,
-                       monitors(plan, options)).run()
+                       monitors(plan, options), events).run()
 
 
 def sync_code(job: Job, backend: Backend, observer: Observer, options: LaunchOptions) -> None:
@@ -66,9 +69,11 @@ def sync_code(job: Job, backend: Backend, observer: Observer, options: LaunchOpt
 
 def launch(job: Job, backend: Backend, observer: Observer, options: LaunchOptions | None = None, *,
            inline: InlineProgram | None = None, attempt: Attempt | None = None,
-           monitors: MonitorFactory = no_monitors, job_id: str | None = None) -> RunResult:
+           monitors: MonitorFactory = no_monitors, job_id: str | None = None,
+           events: EventLog | None = None) -> RunResult:
     """Sync, pre-launch round trip, plan, start, supervise: the whole of `ddpctl up` (one attempt
-    of it, where orchestrator/restarts/loop.py runs the job again after a failure)."""
+    of it, where orchestrator/restarts/loop.py runs the job again after a failure). `job_id`: the
+    launch's id, made before (else here); `events`: the run's events log (orchestrator/account/)."""
     options = options or LaunchOptions()
     if attempt is not None:
         options = replace(options, run_dir=attempt.run_dir)
@@ -80,7 +85,7 @@ def launch(job: Job, backend: Backend, observer: Observer, options: LaunchOption
         plan = replace(plan, run_id=attempt.run_id)
     record_run(plan, backend, options, detached=False)
     observer.on_plan(plan, options.run_dir_of(plan.job_id))
-    return run_plan(plan, backend, observer, options, monitors)
+    return run_plan(plan, backend, observer, options, monitors, events)
 
 
 def record_run(plan: LaunchPlan, backend: Backend, options: LaunchOptions, detached: bool) -> None:

@@ -59,7 +59,7 @@ class Supervision:
     """One running job; `run()` returns its RunResult. Monitors see it as their JobView."""
 
     def __init__(self, plan: LaunchPlan, backend: Backend, observer: Observer, run_dir: Path,
-                 options: LaunchOptions, monitors: Sequence[Monitor] = ()) -> None:
+                 options: LaunchOptions, monitors: Sequence[Monitor] = (), events: EventLog | None = None) -> None:
         self.plan = plan
         self.backend = backend
         self.observer = observer
@@ -75,7 +75,7 @@ class Supervision:
         # after it may still be its cause
         self.ranks_numbered_at_rendezvous = plan.job.rendezvous.backend == "c10d" or plan.job.slurm is not None
         self.global_ranks: dict[tuple[str, int], int] = {}  # (host, local rank) -> rank, as the ranks said
-        self.timeline = AttemptTimeline(plan, EventLog(options.runs_dir / (plan.run_id or plan.job_id)))
+        self.timeline = AttemptTimeline(plan, events or EventLog(options.runs_dir / (plan.run_id or plan.job_id)))
         self.monitors = Monitors(monitors, self, CoreHands(observer, self.record, self._stop_failed,
                                                            self.dump_stacks, lambda: backend.reprobe(plan)))
 
@@ -338,6 +338,10 @@ class Supervision:
                                 f"(it is lost after {self.hosts.limits.lost_after:.0f}s)")
         self.backend.reattach(move.host)
 
+    def host_of(self, rank: int) -> str | None:
+        """A global rank's host, as the ranks said their numbers."""
+        return next((host for (host, _local), number in self.global_ranks.items() if number == rank), None)
+
     # -- what monitors ask --------------------------------------------------------------------
     def _stop_failed(self, reason: str) -> None:
         if not self.stopping:  # a job already stopping is not stopped twice
@@ -388,7 +392,7 @@ class Supervision:
                     next_check = time.monotonic() + CHECK_EVERY
                     self._check_links()
                     self.monitors.tick()
-                    self.timeline.findings(self.record.findings)
+                    self.timeline.findings(self.record.findings, self.host_of)
             except KeyboardInterrupt as exc:
                 self._interrupted(exc)
 

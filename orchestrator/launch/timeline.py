@@ -6,7 +6,8 @@ requeue, the stragglers and the attempt's end."""
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from orchestrator.account import events as ev
@@ -15,6 +16,7 @@ from orchestrator.launch.plan import ATTEMPT_ENV, LaunchPlan
 from orchestrator.launch.result import Finding, RunResult
 
 PROGRESS_EVERY = 5.0  # a `progress` event at most this often (the steps, for re-done work)
+HISTORY = 4096  # the newest step records kept to find the step at a checkpoint's time (~30 min at 2 a s)
 STALLS = ("hang", "no progress")  # the findings that say no step is being taken
 
 
@@ -41,7 +43,7 @@ class AttemptTimeline:
         self.stall_open = False
         self.findings_seen = 0
         self.newest_checkpoint = 0.0  # the newest checkpoint told
-        self.history: list[tuple[float, int]] = []  # (when, steps) as the ranks recorded them: steps at a time
+        self.history: deque[tuple[float, int]] = deque(maxlen=HISTORY)  # (when, steps), as the ranks recorded them
 
     def step_at(self, t: float) -> int | None:
         """The most steps taken by time `t` (the ranks' records, interpolated between two)."""
@@ -96,13 +98,15 @@ class AttemptTimeline:
         self.step = 0
         self.history.clear()
 
-    def findings(self, findings: Sequence[Finding]) -> None:
-        """New findings on the core's timer: a stall opens at the last step."""
+    def findings(self, findings: Sequence[Finding], host_of: Callable[[int], str | None]) -> None:
+        """New findings on the core's timer: a stall opens at the last step, charged to the host of
+        the rank it names (`host_of`: a global rank's host), if any."""
         for finding in findings[self.findings_seen:]:
             if finding.kind in STALLS and not self.stall_open:
                 self.stall_open = True
-                self.add(ev.STALL_START, self.last_step or finding.at, host=finding.host, cause=finding.kind,
-                         step=self.step)
+                host = finding.host or (host_of(finding.rank) if finding.rank is not None else None)
+                self.add(ev.STALL_START, self.last_step or finding.at, host=host, cause=finding.kind,
+                         rank=finding.rank, step=self.step)
         self.findings_seen = len(findings)
 
     def ended(self, result: RunResult, outcome: str) -> None:

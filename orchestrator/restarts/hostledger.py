@@ -59,10 +59,7 @@ def record_account(job: Job, account: Account, ledger: Ledger | None = None) -> 
     """Record the run's time account (`ddpctl runs` lists it) and what each host of `job` (or of its
     inventory: a spare that took a place) cost it; the ledger's warnings. On Slurm the account is
     kept but no host is charged (its nodes are Slurm's, as in record_attempt)."""
-    try:
-        hosts = [] if job.slurm is not None else [*job.inventory.hosts, *job.hosts]
-    except Exception as exc:  # the ledger never stops a launch
-        return [f"host ledger: run {account.run_id}'s account not recorded ({exc})"]
+    hosts = [] if job.slurm is not None else [*job.inventory.hosts, *job.hosts]
     return (ledger or Ledger()).record_account(account, hosts)
 
 

@@ -405,7 +405,7 @@ class Restarts:
         cannot start at all. The first attempt's launch errors are the user's, raised as they are."""
         try:
             return core.launch(job, self.make_backend(job), self.cb, self.options, attempt=attempt,
-                               monitors=self.monitors)
+                               monitors=self.monitors, events=self.events)
         except (ChecksFailed, HostsFailed, HostError, LaunchBlocked, ConfigError) as exc:
             if number == 0:
                 raise

@@ -26,12 +26,10 @@ def open_run(run_dir: Path, run_id: str, job: Job, hosts: Sequence[str]) -> Even
 
 
 def close_run(log: EventLog, exit_code: int, outcome: str) -> Account | None:
-    """The run's end, then its account from its events file (None: the file could not be read)."""
+    """The run's end, then its account from its events (None: its file could not be read)."""
     log.add(events.RUN_END, exit_code=exit_code, outcome=outcome)
-    if log.path is None:
-        return None
     try:
-        return compute.account(events.read(log.path))
+        return compute.account(log.events())
     except (OSError, ValueError):
         return None
 

@@ -164,6 +164,13 @@ def assert_the_account_of_a_killed_host(text: str, run_dir: Path, summary: dict[
     assert abs(redone["steps"] - (summary["attempts"][0]["steps"] - resumed_at)) <= 2, (redone, summary["attempts"])
     report = json.loads((run_dir / "attempt-1" / "report.json").read_text())
     assert report["account"]["line"] == account["line"]
+    # the ledger has it: `ddpctl runs` lists the run, `ddpctl hosts` charges node0 its cost
+    (listed,) = json.loads(run_ddpctl("runs", "--json").stdout)
+    assert (listed["run_id"], listed["goodput"], listed["hosts"]) == (summary["run_id"], account["goodput"],
+                                                                      account["hosts"])
+    hosts = json.loads(run_ddpctl("hosts", "-i", str(run_dir.parents[1] / "hosts.toml"), "--json").stdout)
+    cost = next(h["cost"] for h in hosts["hosts"] if h["name"] == "node0")
+    assert cost == {"seconds": pytest.approx(account["hosts"]["node0"], abs=0.01), "runs": 1}
 
 
 def test_host_fault_exit_code_and_a_spare_failing_the_checks_take_the_next_spare(

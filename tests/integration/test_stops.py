@@ -35,8 +35,9 @@ def test_down_from_a_second_terminal_is_the_headline_not_a_failure(cluster2: Clu
     assert code == EXIT_STOPPED, text[-4000:]
     assert "first failure" not in text, text[-4000:]
     assert "SignalException" not in text, text[-4000:]  # torchrun's reaction to the SIGTERM: one line instead
-    last = text.rstrip().splitlines()[-1]
+    last, account = text.rstrip().splitlines()[-2:]  # the verdict, then where the time went
     assert HEADLINE.search(last) and f"(exit {EXIT_STOPPED})" in last, last
+    assert account == f"ddpctl: {summary['account']['line']}" and summary["account"]["outcome"] == "stopped", account
     assert re.search(r"^" + HEADLINE.pattern + r"$", text, re.MULTILINE), text[-4000:]  # the headline, alone
     assert HEADLINE.fullmatch(str(summary["stopped_by"])) and summary["exit_code"] == EXIT_STOPPED
     assert summary["first_failure"] is None and summary["root_cause"] is None

@@ -133,6 +133,8 @@ def test_a_stall_names_the_collective_and_the_rank_that_never_entered_it(
     (finding,) = [f for f in summary["findings"] if f["kind"] == "hang"]
     assert finding["rank"] == rank
     assert "\nfirst failure: hang: the job waits in all_reduce #" in out.stderr  # the cause, not a victim
+    stalled = [p for p in summary["account"]["parts"] if p["kind"] == "no progress"]  # from its last step
+    assert [p["host"] for p in stalled] == [host] and stalled[0]["seconds"] >= 3, summary["account"]
 
 
 def test_memory_that_keeps_rising_is_a_finding_and_every_sample_is_in_the_report(

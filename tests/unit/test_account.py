@@ -151,11 +151,24 @@ def test_the_account_round_trips_through_json() -> None:
 
 
 def test_an_unwritable_events_file_costs_the_account_not_the_run(tmp_path: Path) -> None:
-    (tmp_path / "run").write_text("a file where the run's folder would be")
-    log = EventLog(tmp_path / "run")
+    (tmp_path / ev.FILE_NAME).mkdir()  # a folder where the file would be
+    log = EventLog(tmp_path)
     log.add(ev.RUN_START)
     assert log.broken is not None
     log.add(ev.RUN_END)  # quiet from now on
+
+
+def test_events_are_held_until_the_run_has_its_folder(tmp_path: Path) -> None:
+    """A launch its checks refuse leaves nothing behind; one that starts has them all, in order."""
+    run = tmp_path / "runs" / "r1"
+    log = EventLog(run)
+    log.add(ev.RUN_START, T0)
+    log.add(ev.ATTEMPT_START, T0, attempt=0)
+    assert not run.exists() and [e.kind for e in log.events()] == [ev.RUN_START, ev.ATTEMPT_START]
+    run.mkdir(parents=True)  # the launch's run directory
+    log.add(ev.LAUNCH, T0 + 1, attempt=0)
+    assert [e.kind for e in read(run / ev.FILE_NAME)] == [ev.RUN_START, ev.ATTEMPT_START, ev.LAUNCH]
+    assert [e.kind for e in log.events()] == [ev.RUN_START, ev.ATTEMPT_START, ev.LAUNCH]
 
 
 def test_a_run_without_optimizer_steps_has_no_goodput_to_tell() -> None:
@@ -163,3 +176,21 @@ def test_a_run_without_optimizer_steps_has_no_goodput_to_tell() -> None:
     got = account(events)
     assert got.goodput is None and not got.stepped
     assert line(got) == "goodput unknown (no rank took an optimizer step the rank wrapper saw) in 30 s: 30 s start-up"
+
+
+def test_two_failures_re_done_say_their_sum_and_no_single_step() -> None:
+    events = [*start(), E(10, ev.FIRST_STEP, attempt=0, step=1), E(20, ev.CHECKPOINT, attempt=0, step=50),
+              E(30, ev.FAILED, attempt=0, host="n1"), E(30, ev.ATTEMPT_END, attempt=0, outcome="failed", step=90,
+                                                        last_step=T0 + 30),
+              E(30, ev.RESTART, attempt=1, host="n1", cause="host fault"), E(30, ev.ATTEMPT_START, attempt=1),
+              E(40, ev.FIRST_STEP, attempt=1, step=1), E(50, ev.CHECKPOINT, attempt=1, step=20),
+              E(54, ev.FAILED, attempt=1, host="n2"), E(54, ev.ATTEMPT_END, attempt=1, outcome="failed", step=35,
+                                                        last_step=T0 + 54),
+              E(54, ev.RESTART, attempt=2, host="n2", cause="host fault"), E(54, ev.ATTEMPT_START, attempt=2),
+              E(60, ev.FIRST_STEP, attempt=2, step=1),
+              E(90, ev.ATTEMPT_END, attempt=2, outcome="ok", last_step=T0 + 90), E(90, ev.RUN_END, outcome="ok")]
+    got = account(events)
+    redone = {p.host: p.seconds for p in got.parts if p.kind == "re-done"}
+    assert redone == pytest.approx({"n1": 10, "n2": 4})
+    assert got.redone.steps == (90 - 50) + (35 - 20) and got.redone.since_step is None
+    assert "4 s re-done)" in line(got) and "since step" not in line(got)
