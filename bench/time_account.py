@@ -32,6 +32,7 @@ DAY = 86400.0
 
 def week_of_events(run_dir: Path, days: float, t0: float = 1_800_000_000.0) -> int:
     """A run of `days` days: an attempt every 12 h, each ended by a lost host (the last succeeds)."""
+    run_dir.mkdir(parents=True)  # as the launch makes it
     log = EventLog(run_dir)
     log.add(ev.RUN_START, t0, run_id="week", job="week", hosts=[f"node{i}" for i in range(8)], checkpoints=True)
     t, attempt, step, written = t0, 0, 0, 1
