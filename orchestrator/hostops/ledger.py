@@ -30,7 +30,7 @@ from orchestrator.remote.wire import HostFacts
 FILE_NAME = "hosts.sqlite"
 STATE_DIR_ENV = "DDPCTL_STATE_DIR"
 BUSY_TIMEOUT_S = 3.0  # a writer waits this long for another one's transaction, then warns and goes on
-SCHEMA_VERSION = 2  # PRAGMA user_version
+SCHEMA_VERSION = 1  # PRAGMA user_version (tables added since leave it: below)
 # Bounded: each host keeps its newest KEEP_EVENTS events, KEEP_RUNS runs and KEEP_RUNS costs (its run
 # count goes on counting); the file keeps the newest KEEP_ACCOUNTS accounts. A release is newer than
 # the faults it clears, so trimming never brings one back.
@@ -39,7 +39,7 @@ KEEP_RUNS = 500
 KEEP_ACCOUNTS = 2000
 DETAIL_CHARS = 500
 
-SCHEMA = (
+SCHEMA_V1 = (
     """CREATE TABLE IF NOT EXISTS hosts (key TEXT PRIMARY KEY, name TEXT NOT NULL, address TEXT NOT NULL,
        hostname TEXT, gpus INTEGER, first_seen REAL NOT NULL, last_seen REAL, runs INTEGER NOT NULL DEFAULT 0)""",
     """CREATE TABLE IF NOT EXISTS runs (id INTEGER PRIMARY KEY, host TEXT NOT NULL, run_id TEXT NOT NULL,
@@ -49,9 +49,9 @@ SCHEMA = (
     "CREATE INDEX IF NOT EXISTS events_by_host ON events (host, at)",
     "CREATE INDEX IF NOT EXISTS runs_by_host ON runs (host, at)",
 )
-# Version 2: each run's account, and each host's cost per run (the seconds of the run's losses
-# charged to it). Added tables only: a version-1 file upgrades in place, its rows kept.
-SCHEMA_2 = (
+# Added since: each run's account, and each host's cost per run (the seconds of the run's losses
+# charged to it). Tables only, so the version stays: an older ddpctl reads the file as it did.
+ACCOUNT_TABLES = (
     """CREATE TABLE IF NOT EXISTS accounts (run_id TEXT PRIMARY KEY, job TEXT, started REAL NOT NULL,
        ended REAL NOT NULL, wall_s REAL NOT NULL, productive_s REAL NOT NULL, goodput REAL, outcome TEXT NOT NULL,
        attempts INTEGER NOT NULL, biggest TEXT NOT NULL, account TEXT NOT NULL)""",
@@ -60,8 +60,8 @@ SCHEMA_2 = (
        at REAL NOT NULL, seconds REAL NOT NULL, causes TEXT NOT NULL, UNIQUE (host, run_id))""",
     "CREATE INDEX IF NOT EXISTS costs_by_host ON costs (host, at)",
 )
-# The statements that bring a file of version N - 1 to version N.
-MIGRATIONS: dict[int, tuple[str, ...]] = {1: SCHEMA, 2: SCHEMA_2}
+SCHEMA = (*SCHEMA_V1, *ACCOUNT_TABLES)
+TABLES = {"hosts", "runs", "events", "accounts", "costs"}
 
 T = TypeVar("T")
 
@@ -277,14 +277,16 @@ def _version(db: sqlite3.Connection) -> int:
 
 
 def _schema(db: sqlite3.Connection) -> None:
-    """Bring the file to SCHEMA_VERSION, one migration at a time, in one transaction (the version
-    read again inside it: another ddpctl may have upgraded it meanwhile)."""
-    if _version(db) == SCHEMA_VERSION:
+    """Make what the file lacks (a new file; one an older ddpctl wrote, without the accounts), in
+    one transaction: every statement is IF NOT EXISTS, so another ddpctl doing the same meanwhile
+    is harmless."""
+    _version(db)
+    present = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    if present >= TABLES:
         return
     with _transaction(db):
-        for version in range(_version(db) + 1, SCHEMA_VERSION + 1):
-            for statement in MIGRATIONS[version]:
-                db.execute(statement)
+        for statement in SCHEMA:
+            db.execute(statement)
         db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
 

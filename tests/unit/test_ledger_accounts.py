@@ -1,5 +1,5 @@
-"""The host ledger's runs' accounts (orchestrator/hostops/ledger.py, schema 2): a version-1 file
-upgrades in place with its rows kept; each run's account is kept (once per run, newest first,
+"""The host ledger's runs' accounts (orchestrator/hostops/ledger.py): a file an older ddpctl wrote
+gets their tables in place, with its rows and its version kept; each run's account is kept (once per run, newest first,
 bounded) with what each of the job's hosts cost it; the cost in a window reaches `ddpctl hosts`'
 rows and the quarantine's reason; `up`'s hook (restarts/hostledger.py) never raises."""
 
@@ -28,7 +28,7 @@ def version_1_file(path: Path) -> None:
     """What version 1 wrote (its migration from an empty file), with a host, a run and an event."""
     db = sqlite3.connect(path)
     try:
-        for statement in ledger_mod.MIGRATIONS[1]:
+        for statement in ledger_mod.SCHEMA_V1:
             db.execute(statement)
         key = key_of(NODE1)
         db.execute("INSERT INTO hosts VALUES (?, 'node1', '198.18.0.11', 'gpu-b', 8, 10.0, 20.0, 1)", (key,))
@@ -41,7 +41,9 @@ def version_1_file(path: Path) -> None:
         db.close()
 
 
-def test_a_version_1_file_upgrades_in_place_and_keeps_its_hosts_runs_and_events(tmp_path: Path) -> None:
+def test_a_file_without_accounts_gets_them_in_place_and_keeps_its_hosts_runs_and_events(tmp_path: Path) -> None:
+    """An older ddpctl's file: the accounts' tables are added, its rows kept, and its version left
+    as it was, so that older ddpctl (which refuses a newer version) still reads it."""
     path = tmp_path / "hosts.sqlite"
     version_1_file(path)
     db = sqlite3.connect(path)
@@ -54,7 +56,9 @@ def test_a_version_1_file_upgrades_in_place_and_keeps_its_hosts_runs_and_events(
     assert book.record_account(account("new-1", NOW, node1=40.0), HOSTS) == []
     db = sqlite3.connect(path)
     try:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 1
+        assert {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")} == {
+            "hosts", "runs", "events", "accounts", "costs"}
     finally:
         db.close()
     (row,) = book.read([NODE1]).hosts
