@@ -22,7 +22,7 @@ What each part is (docs/running.md, "Where the time went"):
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -116,21 +116,15 @@ class Account:
 
     def by_host(self) -> dict[str, float]:
         """Each host's charged losses, most first."""
-        out: dict[str, float] = {}
-        for part in self.parts:
-            if part.host is not None:
-                out[part.host] = out.get(part.host, 0.0) + part.seconds
-        return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+        return totals((p.host, p.seconds) for p in self.parts if p.host is not None)
 
     def by_kind(self) -> dict[str, float]:
-        out: dict[str, float] = {}
-        for part in self.parts:
-            out[part.kind] = out.get(part.kind, 0.0) + part.seconds
-        return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+        """Each kind of loss, most first."""
+        return totals((p.kind, p.seconds) for p in self.parts)
 
     def biggest(self) -> tuple[str, float] | None:
         """The biggest loss: a host's charge (all its kinds), else a kind of loss no host is charged."""
-        groups = {f"{host}": s for host, s in self.by_host().items()}
+        groups = self.by_host()
         for part in self.parts:
             if part.host is None:
                 groups[part.kind] = groups.get(part.kind, 0.0) + part.seconds
@@ -160,6 +154,14 @@ class Account:
                           redone.get("since_step")),
                    int(data.get("attempts") or 0), str(data.get("outcome") or "?"), bool(data.get("restarted")),
                    bool(data.get("stepped", True)))
+
+
+def totals(pairs: Iterable[tuple[str, float]]) -> dict[str, float]:
+    """Seconds summed by name, most first."""
+    out: dict[str, float] = {}
+    for name, seconds in pairs:
+        out[name] = out.get(name, 0.0) + seconds
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
 
 # -- the timeline ------------------------------------------------------------------------------
@@ -416,9 +418,9 @@ def _redone(events: Sequence[Event], attempts: Sequence[AttemptSpan], segments: 
             moved[key] = moved.get(key, 0.0) + lost
             seconds += lost
         at_fail = _step_at(span.events, span.end if span.restart is charge and span.end is not None else at)
-        from_step = before[-1].step if before and before[-1].attempt == span.number else None
-        if before and from_step is None and before[-1].attempt == span.number:
-            from_step = _step_at(span.events, before[-1].t)
+        from_step = None  # a checkpoint of an earlier attempt: this one's steps count from 0
+        if before and before[-1].attempt == span.number:
+            from_step = before[-1].step if before[-1].step is not None else _step_at(span.events, before[-1].t)
         if at_fail is not None:
             steps += max(at_fail - (from_step or 0), 0)
         since = from_step if before else 0

@@ -23,7 +23,7 @@ from typing import Protocol, TypeVar
 
 from inventory import Host
 from orchestrator.account import text
-from orchestrator.account.compute import Account
+from orchestrator.account.compute import Account, totals
 from orchestrator.hostops.quarantine import Cost, Event, EventKind
 from orchestrator.remote.wire import HostFacts
 
@@ -375,11 +375,7 @@ def _record_account(db: sqlite3.Connection, account: Account, hosts: Sequence[Ho
 
 def causes_of(account: Account, host: str) -> str:
     """The causes the host is charged for in the account, the costliest first: `lost, SIGKILL`."""
-    causes: dict[str, float] = {}
-    for part in account.parts:
-        if part.host == host:
-            causes[part.cause or part.kind] = causes.get(part.cause or part.kind, 0.0) + part.seconds
-    return ", ".join(sorted(causes, key=lambda c: -causes[c]))
+    return ", ".join(totals((p.cause or p.kind, p.seconds) for p in account.parts if p.host == host))
 
 
 def _accounts(db: sqlite3.Connection, since: float, until: float | None) -> list[Account]:

@@ -4,13 +4,12 @@ per run (newest first) and the losses summed over the window by kind and by host
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from inventory import ConfigError
 from inventory.fields import duration_seconds
 from orchestrator.account import text
-from orchestrator.account.compute import Account
+from orchestrator.account.compute import Account, totals
 from orchestrator.hostops.ledger import Ledger
 
 DEFAULT_SINCE = "7d"
@@ -62,12 +61,12 @@ class RunsView:
     @property
     def by_kind(self) -> dict[str, float]:
         """Every run's losses by kind, most first."""
-        return summed(a.by_kind() for a in self.accounts)
+        return totals(kv for a in self.accounts for kv in a.by_kind().items())
 
     @property
     def by_host(self) -> dict[str, float]:
         """Every run's losses charged to each host, most first."""
-        return summed(a.by_host() for a in self.accounts)
+        return totals(kv for a in self.accounts for kv in a.by_host().items())
 
     @property
     def wall_s(self) -> float:
@@ -76,15 +75,6 @@ class RunsView:
     @property
     def productive_s(self) -> float:
         return sum(a.productive_s for a in self.accounts)
-
-
-def summed(parts: Iterable[Mapping[str, float]]) -> dict[str, float]:
-    """Seconds by name over several runs, most first."""
-    out: dict[str, float] = {}
-    for part in parts:
-        for name, seconds in part.items():
-            out[name] = out.get(name, 0.0) + seconds
-    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
 
 def runs_view(window_s: float, ledger: Ledger | None = None, now: float | None = None) -> RunsView:
