@@ -36,6 +36,9 @@ class Host:
     slots: int | None = None  # from an MPI/DeepSpeed hostfile
     env: Mapping[str, str] = field(default_factory=lambda: _frozen_env(None))
     spare: bool = False  # used only once a restart leaves a host out ([restart], inventory spare = true)
+    # [defaults.metrics] / a host's [hosts.metrics] textfile_dir: node_exporter's textfile collector's
+    # directory there; a running job writes its series into it (node_agent/runtime/metrics_file.py)
+    metrics_dir: str | None = None
 
     @property
     def is_local(self) -> bool:
@@ -124,6 +127,15 @@ class WatchSpec:
     gpu_idle_after: float = 120.0  # a GPU of the job idle this long while it steps is a finding
 
 
+@dataclass(frozen=True)
+class MetricsSpec:
+    """The job file's [metrics]: Prometheus series while the job runs (docs/metrics.md)."""
+
+    port: int | None = None  # `up` serves the run's series on this port (--metrics-port wins)
+    every: float = 5.0  # seconds between two writes of a host's textfile (hosts with a metrics_dir)
+    keep_ended: float = 300.0  # a host's textfile says the job ended this long, then is removed
+
+
 NPROC_FROM_JOB = "job nproc_per_node"
 
 
@@ -155,6 +167,7 @@ class Job:
     lost_after: float | None = None
     restart: RestartSpec = field(default_factory=RestartSpec)
     watch: WatchSpec = field(default_factory=WatchSpec)
+    metrics: MetricsSpec = field(default_factory=MetricsSpec)
 
     @property
     def spares(self) -> tuple[Host, ...]:

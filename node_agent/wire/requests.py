@@ -39,6 +39,9 @@ class SuperviseRequest:
     nccl_debug: bool = False  # NCCL_DEBUG=INFO into a per-host file, parsed at the end
     wrap: bool = False  # each rank starts through node_agent/rank/rankwrap.py
     sample_every: float = 0.0  # seconds between the host's GPU/CPU samples (0: none)
+    metrics_dir: str = ""  # node_exporter's textfile directory: the job's series go there ("": none)
+    metrics_every: float = 5.0  # seconds between two writes of the textfile
+    metrics_keep: float = 300.0  # the ended job's textfile stays this long, then is removed
 
 
 def read(cls: Type[R], request: Mapping[str, Any]) -> R:
