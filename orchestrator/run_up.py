@@ -3,6 +3,9 @@ detached start (with its restart loop, where restarts are asked for), restarts, 
 
 from __future__ import annotations
 
+import contextlib
+import functools
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -13,6 +16,7 @@ from orchestrator.launch import core
 from orchestrator.launch.backends.base import Backend
 from orchestrator.launch.backends.choose import backend_for
 from orchestrator.launch.backends.slurm import SlurmBackend
+from orchestrator.launch.monitor_api import MonitorFactory
 from orchestrator.launch.observer import Observer
 from orchestrator.launch.options import LaunchOptions
 from orchestrator.launch.plan import LaunchPlan, new_job_id
@@ -24,6 +28,7 @@ from orchestrator.restarts import detached as detached_restarts
 from orchestrator.restarts import hostledger
 from orchestrator.restarts import loop as restarts
 from orchestrator.watch.factory import standard_monitors
+from orchestrator.watch.metrics import MetricsServer, RunMetrics
 from orchestrator.watch.run_account import add_to_files, close_run, open_run
 
 
@@ -123,6 +128,9 @@ def dry_run(job: Job, runner: Backend, options: LaunchOptions) -> DryRun:
 
 def detach(job: Job, pool: HostPool, runner: Backend, request: UpRequest,
            observer: Observer) -> Detached | LoopStarted:
+    if job.metrics.port is not None:
+        observer.on_notice(f"warning: metrics port {job.metrics.port} is not served: a detached run has no `up` "
+                           "to serve it (the hosts' textfiles are written all the same)")
     if request.restart_budget(job) > 0:
         loop = detached_restarts.start_loop(job, pool, request.argv, Path.cwd())
         write_record(request.options.runs_dir, new_record(
@@ -138,16 +146,44 @@ def detach(job: Job, pool: HostPool, runner: Backend, request: UpRequest,
 
 def launch(job: Job, pool: HostPool, runner: Backend, request: UpRequest,
            observer: Observer) -> Finished | Restarted:
-    budget = request.restart_budget(job)
-    if budget > 0:
-        return Restarted(restarts.launch(job, lambda attempt: backend_for(pool, attempt), observer,
-                                         request.options, budget, request.run_id, monitors=standard_monitors))
+    with served_metrics(job, runner.name, observer) as metrics:
+        monitors = functools.partial(standard_monitors, metrics=metrics)
+        budget = request.restart_budget(job)
+        if budget > 0:
+            return Restarted(restarts.launch(job, lambda attempt: backend_for(pool, attempt), observer,
+                                             request.options, budget, request.run_id, monitors=monitors,
+                                             events_to=metrics.attach if metrics is not None else None))
+        return Finished(launch_once(job, runner, request, observer, monitors, metrics))
+
+
+@contextlib.contextmanager
+def served_metrics(job: Job, backend: str, observer: Observer) -> Iterator[RunMetrics | None]:
+    """The run's series on [metrics] port (--metrics-port) while it runs: a port that cannot be
+    served is a ConfigError before anything starts. After the run, Prometheus is given its next
+    scrape of the final values (at most twice its interval)."""
+    if job.metrics.port is None:
+        yield None
+        return
+    server = MetricsServer(RunMetrics(job, backend), job.metrics.port)
+    try:
+        yield server.metrics
+    finally:
+        server.metrics.ended()
+        with contextlib.suppress(KeyboardInterrupt):
+            server.metrics.wait_final_scrape()
+        server.close()
+
+
+def launch_once(job: Job, runner: Backend, request: UpRequest, observer: Observer, monitors: MonitorFactory,
+                metrics: RunMetrics | None) -> RunResult:
     job = screened(job, observer)
     job_id = new_job_id(job.name)
     run_dir = request.options.runs_dir / job_id
     events = open_run(run_dir, job_id, job, [h.name for h in job.hosts])
+    if metrics is not None:
+        metrics.attach(events, job_id)
     events.add(ev.ATTEMPT_START, attempt=0, hosts=[h.name for h in job.hosts])
-    result = core.launch(job, runner, observer, request.options, monitors=standard_monitors, job_id=job_id,
+    result = core.launch(job, runner, observer, request.options, monitors=monitors, job_id=job_id,
                          events=events)
     result.account = close_run(events, result.exit_code, outcome_of(result))
     if result.account is not None:
@@ -155,7 +191,7 @@ def launch(job: Job, pool: HostPool, runner: Backend, request: UpRequest,
         for warning in hostledger.record_account(job, result.account):
             observer.on_notice(f"warning: {warning}")
     remember(job, result, observer)
-    return Finished(result)
+    return result
 
 
 def screened(job: Job, observer: Observer) -> Job:

@@ -31,6 +31,7 @@ from node_agent.host.runstate import (
 from node_agent.rank.torchrun import STOPPING, record_killed
 from node_agent.runtime.attach import listen, serve
 from node_agent.runtime.attempt_mark import claim
+from node_agent.runtime.metrics_file import JobLabels, MetricsFile, job_text, sweep
 from node_agent.runtime.nccl_log import parse_files
 from node_agent.runtime.quiet import QuietSignalTracebacks
 from node_agent.runtime.ranklogs import RankLogs
@@ -48,12 +49,12 @@ from node_agent.wire.replies_run import (
     StepWindow,
     SuperviseResult,
 )
-from node_agent.wire.replies_top import HostSample
+from node_agent.wire.replies_top import GpuStat, HostSample
 from node_agent.wire.requests import SuperviseRequest, read
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing is for the checker only (node_agent/__init__.py)
-    from typing import Any, BinaryIO, Dict, List, Optional, Sequence
+    from typing import Any, BinaryIO, Dict, List, Optional, Sequence, Set, Tuple
 
 TORCHRUN_MODULE = "torch.distributed.run"
 RANK_POLL_S = 0.05  # how often the ranks' milestone files are looked for (one listdir)
@@ -113,6 +114,10 @@ class Supervisor:
         self.log_end = 0
         self.log: Any = None
         self.index: Any = None
+        self.stragglers: Set[int] = set()  # local ranks `ddpctl up` names stragglers now (STRAGGLER words)
+        self.gpus: Tuple[Tuple[GpuStat, ...], Optional[Tuple[str, ...]]] = ((), None)  # the last sample, its selection
+        self.over = threading.Event()  # torchrun has exited
+        self.metrics = MetricsFile(request.metrics_dir, self.job_id, self.node_rank) if request.metrics_dir else None
 
     def argv(self) -> List[str]:
         log_dir = str(self.dir / "torchrun")
@@ -354,9 +359,33 @@ class Supervisor:
                 self.stop("stopped by the control plane: the job failed", abort=True)
             elif word == "KILL":
                 self.stop("killed by the control plane", force=True)
+            elif word.startswith("STRAGGLER "):
+                self.flag_straggler(word.split()[1:])
         if sink is None or self.uplink is None or self.uplink.is_current(sink):
             self.stop("control connection lost (%s closed)" % ("stdin" if sink is None or sink.sock is None
                                                                 else sink.name))
+
+    def flag_straggler(self, words: List[str]) -> None:
+        """`STRAGGLER <local rank> <1|0>`: `ddpctl up` names one of this node's ranks a straggler, or
+        back to pace (the textfile's ddpctl_rank_straggler)."""
+        if len(words) == 2 and words[0].isdigit() and words[1] in ("0", "1"):
+            (self.stragglers.add if words[1] == "1" else self.stragglers.discard)(int(words[0]))
+
+    def metrics_text(self, exit_code: Optional[int] = None) -> str:
+        labels = JobLabels(socket.gethostname(), self.request.job_name or self.job_id,
+                           self.request.run_id or self.job_id, self.job_id, self.node_rank, self.attempt())
+        ended = time.time() if self.over.is_set() else None
+        return job_text(labels, float(self.started["started_at"]), dict(self.rank_records), set(self.stragglers),
+                        self.gpus[0], self.gpus[1], ended, exit_code)
+
+    def watch_metrics(self) -> None:
+        """Every [metrics] every seconds while torchrun runs: the job's series into node_exporter's
+        textfile directory (node_agent/runtime/metrics_file.py); run() writes the last one."""
+        assert self.metrics is not None
+        sweep(self.metrics.directory, float(self.request.metrics_keep), socket.gethostname())
+        every = max(float(self.request.metrics_every), 0.1)
+        while not self.over.is_set() and self.metrics.write(self.metrics_text()):
+            self.over.wait(every)
 
     def watch_heartbeat(self) -> None:
         """Ends the job when the control plane has not been heard for heartbeat_timeout. Reads
@@ -410,7 +439,7 @@ class Supervisor:
         event (orchestrator/watch/ finds an idle GPU or creeping memory in them). A host without
         nvidia-smi is asked once."""
         every = float(self.request.sample_every)
-        if every <= 0 or self.uplink is None or self.proc is None:
+        if every <= 0 or (self.uplink is None and self.metrics is None) or self.proc is None:
             return
         reader = ProcReader()
         select = gpu_select(self.request.env)
@@ -429,9 +458,11 @@ class Supervisor:
                 gpus = gpu_sample()
                 gpus_here = bool(gpus.nvidia_smi)
                 sampled = HostSample(cpu, rss, tuple(gpus.gpus), gpus.error, select, len(after))
+                self.gpus = (tuple(gpus.gpus), select)
             else:
                 sampled = HostSample(cpu, rss, processes=len(after))
-            self.uplink.event("sample", **wire(sampled))
+            if self.uplink is not None:
+                self.uplink.event("sample", **wire(sampled))
 
     def watch_checkpoints(self, directory: str) -> None:
         """Every CHECKPOINT_EVERY seconds while torchrun runs: a newer file in [restart]
@@ -486,7 +517,9 @@ class Supervisor:
         self._thread(self.watch_host)
         if checkpoints and sink is not None:
             self._thread(self.watch_checkpoints, checkpoints)
+        metrics = self._thread(self.watch_metrics) if self.metrics is not None else None
         code = self.proc.wait()
+        self.over.set()
         if self.aborted and code == -signal.SIGKILL:
             code = 1  # as torchrun itself exits when a rank fails
         pump.join(10)
@@ -521,6 +554,10 @@ class Supervisor:
             state_dir=str(self.dir), stopped_at=self.stopped_at, newest_checkpoint=after))
         write_json_atomic(self.dir / "state.json", dict(self.started, status="exited",
                                                            ended_at=time.time(), **result))
+        if self.metrics is not None and metrics is not None:
+            metrics.join(5)
+            if self.metrics.write(self.metrics_text(code)):  # the job has ended, then the file goes
+                self.metrics.remove_later(float(self.request.metrics_keep))
         if self.uplink is not None:  # a control plane cut off may still re-attach to read the end
             self.uplink.finish(result, max(self.heartbeat_timeout, 10.0))
         if listener is not None:

@@ -10,9 +10,11 @@ the two equal).
   prometheus-client).
 - "ledger": `ddpctl hosts --prom FILE`, the host ledger on this machine (prometheus-client too).
 
-Labels follow NVIDIA's DCGM exporter where they name the same thing (`Hostname`, `gpu`, `UUID`,
-`modelName`), so a dashboard joins ddpctl's series with DCGM's on them. `job` is the job's name,
-`run` its run id (the same for every attempt of a restarted run).
+Labels follow NVIDIA's DCGM exporter where they name the same thing (`Hostname`, `gpu`, `UUID`), so
+a dashboard joins ddpctl's series with DCGM's on them (DCGM's `modelName` is `model_name` here:
+`promtool check metrics` wants label names in snake_case). `job_name` is the job's name (not `job`:
+Prometheus gives every scraped series the `job` of its scrape config, and would rename ours
+`exported_job`), `run` its run id (the same for every attempt of a restarted run).
 """
 
 from __future__ import annotations
@@ -27,10 +29,10 @@ if TYPE_CHECKING:  # typing is for the checker only (node_agent/__init__.py)
 
 GAUGE = "gauge"
 COUNTER = "counter"
-JOB = ("Hostname", "job", "run")  # a host's series of one job
+JOB = ("Hostname", "job_name", "run")  # a host's series of one job
 RANK = (*JOB, "rank", "local_rank")
 GPU = (*JOB, "gpu", "UUID")
-RUN = ("job", "run")  # `up`'s series of one run
+RUN = ("job_name", "run")  # `up`'s series of one run
 
 
 @dataclass(frozen=True)
@@ -67,8 +69,8 @@ METRICS = (
                "compute (forward and backward), wait (in the gradient all-reduce, for the others), input "
                "(before its forward pass).", (*RANK, "part"), "host"),
     MetricName("ddpctl_rank_straggler", GAUGE, "1 while `ddpctl up` names this rank a straggler.", RANK, "host"),
-    MetricName("ddpctl_gpu_info", GAUGE, "A GPU this job uses on this host (1), labelled as DCGM labels it.",
-               (*GPU, "modelName"), "host"),
+    MetricName("ddpctl_gpu_info", GAUGE, "A GPU this job uses on this host (1), by DCGM's gpu and UUID, and its "
+               "model.", (*GPU, "model_name"), "host"),
     MetricName("ddpctl_gpu_utilization_ratio", GAUGE, "The GPU's utilization as nvidia-smi reports it "
                "(0 to 1).", GPU, "host"),
     MetricName("ddpctl_gpu_memory_used_bytes", GAUGE, "GPU memory in use as nvidia-smi reports it.", GPU, "host"),

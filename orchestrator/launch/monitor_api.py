@@ -104,7 +104,18 @@ class Stop:
     reason: str
 
 
-Action = Say | Finding | ShowProgress | DumpStacks | Reprobe | Fail | Stop
+@dataclass(frozen=True)
+class Flag:
+    """Tell a host that one of its ranks is named a straggler (or is back to pace): its metrics
+    textfile says so (node_agent/runtime/metrics_file.py). A backend without a channel to its nodes
+    (Slurm's batch nodes) lets it pass."""
+
+    host: str
+    local_rank: int
+    straggler: bool
+
+
+Action = Say | Finding | ShowProgress | DumpStacks | Reprobe | Fail | Stop | Flag
 
 
 # -- replies: what the core hands back for a request ----------------------------------------------

@@ -12,6 +12,7 @@ from orchestrator.launch.monitor_api import (
     Action,
     DumpStacks,
     Fail,
+    Flag,
     JobView,
     Monitor,
     MonitorEvent,
@@ -36,6 +37,7 @@ class CoreHands:
     stop: Callable[[str], None]  # stop the job as failed, saying why (once: the core ignores a second)
     dump_stacks: Callable[[str], StacksReport]
     reprobe: Callable[[], ProbeResults]
+    flag: Callable[[str, int, bool], None]  # a host's rank named a straggler, or back to pace
 
 
 class Monitors:
@@ -81,3 +83,5 @@ class Monitors:
                     self._carry_out(monitor, monitor.on_reply(dumped, self.job))
                 case Reprobe():
                     self._carry_out(monitor, monitor.on_reply(Probed(hands.reprobe()), self.job))
+                case Flag():
+                    hands.flag(action.host, action.local_rank, action.straggler)

@@ -77,7 +77,8 @@ class Supervision:
         self.global_ranks: dict[tuple[str, int], int] = {}  # (host, local rank) -> rank, as the ranks said
         self.timeline = AttemptTimeline(plan, events or EventLog(options.runs_dir / (plan.run_id or plan.job_id)))
         self.monitors = Monitors(monitors, self, CoreHands(observer, self.record, self._stop_failed,
-                                                           self.dump_stacks, lambda: backend.reprobe(plan)))
+                                                           self.dump_stacks, lambda: backend.reprobe(plan),
+                                                           backend.flag))
 
     @property
     def runs(self) -> Mapping[str, HostRun]:

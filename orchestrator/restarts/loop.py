@@ -18,6 +18,7 @@ from pathlib import Path
 from inventory import ConfigError, Job
 from orchestrator.account import events as ev
 from orchestrator.account.compute import Account
+from orchestrator.account.events import EventLog
 from orchestrator.checks.model import CheckStatus
 from orchestrator.errors import HostError, HostsFailed, LaunchBlocked
 from orchestrator.launch import core
@@ -37,6 +38,8 @@ from orchestrator.watch.run_account import account_json, add_to_files, close_run
 
 EXIT_DETERMINISTIC = 70  # not restarted: it would fail the same way again (BSD's EX_SOFTWARE)
 BACKOFF_TICK = 0.2  # a backoff wakes this often to honour Ctrl-C at once
+
+EventsTo = Callable[[EventLog, str], None]  # handed the run's events log and its id (up's metrics)
 
 # In a host's output: the hardware (or its driver) failed, not the program.
 HARDWARE = re.compile(r"\bXid\b|\bECC error|uncorrectable ECC|fallen off the bus", re.IGNORECASE)
@@ -264,7 +267,7 @@ class Restarts:
 
     def __init__(self, job: Job, make_backend: Callable[[Job], Backend], observer: Observer,
                  options: LaunchOptions, max_restarts: int, run_id: str | None = None,
-                 monitors: MonitorFactory = no_monitors) -> None:
+                 monitors: MonitorFactory = no_monitors, events_to: EventsTo | None = None) -> None:
         self.job = job
         self.monitors = monitors
         self.make_backend = make_backend
@@ -280,6 +283,8 @@ class Restarts:
         self.quarantine = job.restart.quarantine and job.inventory.quarantine
         self.named: set[str] = set()  # suspect hosts said already
         self.events = open_run(self.run.run_dir, self.run_id, job, [h.name for h in job.hosts])
+        if events_to is not None:
+            events_to(self.events, self.run_id)
 
     def exclude(self, bad: dict[str, str], number: int, said: bool = False) -> None:
         """Leave `bad` (host -> why) out; spares take their places in inventory order, else the
@@ -513,9 +518,11 @@ def _hosts_failed(exc: Exception) -> dict[str, str]:
 
 def launch(job: Job, make_backend: Callable[[Job], Backend], observer: Observer,
            options: LaunchOptions | None = None, max_restarts: int | None = None,
-           run_id: str | None = None, monitors: MonitorFactory = no_monitors) -> RestartedRun:
+           run_id: str | None = None, monitors: MonitorFactory = no_monitors,
+           events_to: EventsTo | None = None) -> RestartedRun:
     """Run `job` with restarts: `max_restarts` (the flag) over [restart] max_restarts; `run_id`
-    names the run (a detached job's loop is told it), else a new one."""
+    names the run (a detached job's loop is told it), else a new one; `events_to` is handed the
+    run's events log and id once it is open (`up`'s metrics read it)."""
     options = options or LaunchOptions()
     budget = job.restart.max_restarts if max_restarts is None else max_restarts
-    return Restarts(job, make_backend, observer, options, budget, run_id, monitors)()
+    return Restarts(job, make_backend, observer, options, budget, run_id, monitors, events_to)()

@@ -90,6 +90,10 @@ class Backend(Protocol):
         """Ask these nodes to stop: gracefully (SIGTERM, then SIGKILL after the grace), or now.
         `failed`: the job has failed already, so only the ranks get the grace, never torchrun."""
 
+    def flag(self, host: str, local_rank: int, straggler: bool) -> None:
+        """Tell a node that one of its ranks is named a straggler, or is back to pace (its metrics
+        textfile says so); a backend without a channel to its nodes does nothing."""
+
     def drop(self, host: str) -> None:
         """Give up on a node (lost): close what connects us to it; it ends its part on its own."""
 

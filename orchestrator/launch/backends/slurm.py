@@ -484,6 +484,9 @@ class SlurmBackend:
             return DetachReport(failed={plan.hosts[0].host.name: exc})
         return DetachReport(started={hl.host.name: None for hl in plan.hosts}, slurm_job_id=sub.slurm_id)
 
+    def flag(self, host: str, local_rank: int, straggler: bool) -> None:
+        """Batch nodes read no control words: their textfiles carry no straggler flag (`up`'s port does)."""
+
     def stacks(self, plan: LaunchPlan) -> StacksReport:
         """Every rank's stack (py-spy on each node, through srun --overlap in the job's allocation)."""
         with self.lock:

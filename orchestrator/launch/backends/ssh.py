@@ -7,6 +7,7 @@ start) from `ddpctl up` to a running torchrun."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import threading
@@ -326,6 +327,19 @@ class SshBackend:
             stream = link.stream if link is not None else None
             if stream is not None:
                 threading.Thread(target=self._send, args=(stream, word), daemon=True).start()
+
+    def flag(self, host: str, local_rank: int, straggler: bool) -> None:
+        link = self.links.get(host)
+        stream = link.stream if link is not None else None
+        if stream is not None:
+            word = b"STRAGGLER %d %d\n" % (local_rank, 1 if straggler else 0)
+            threading.Thread(target=self._tell, args=(stream, word), daemon=True).start()
+
+    @staticmethod
+    def _tell(stream: AgentStream, word: bytes) -> None:
+        """A word the job does not depend on: a dead channel shows up as silence, as for heartbeats."""
+        with contextlib.suppress(Exception):
+            stream.send(word)
 
     def drop(self, host: str) -> None:
         link = self.links.get(host)

@@ -1,0 +1,243 @@
+"""`ddpctl up --metrics-port PORT`: the run's Prometheus series while `up` runs (goodput so far, lost
+seconds by kind, cause and host, restarts, the hosts by state, the attempt, steps, stragglers), served
+by prometheus-client; and the monitor that keeps them live and tells each host which of its ranks is
+a straggler (its textfile's ddpctl_rank_straggler). The names are declared once in
+node_agent/wire/metrics.py (docs/metrics.md)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client.core import Metric
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from inventory import ConfigError, Job
+from orchestrator.account import events as ev
+from orchestrator.account.compute import Account, account
+from orchestrator.account.events import EventLog
+from orchestrator.hostops.hostbook import screen
+from orchestrator.hostops.prom import family
+from orchestrator.launch.monitor_api import Action, Flag, HostLost, JobView, MonitorEvent, Quiet
+from orchestrator.launch.plan import LaunchPlan
+from orchestrator.launch.result import RunResult
+from orchestrator.watch.job_state import Watch
+
+ACCOUNT_EVERY = 5.0  # the account is computed again at most this often (a week's run: ~1.6 s)
+FINAL_SCRAPE_MAX = 60.0  # after the run, `up` waits for Prometheus' next scrape at most this long
+HOST_STATES = ("running", "lost", "spare", "suspect", "quarantined")
+
+
+@dataclass
+class Live:
+    """What the monitor of the current attempt knows now (the account knows the rest)."""
+
+    steps: int | None = None
+    last_step: float | None = None  # time.time()
+    stragglers: dict[tuple[str, int], int | None] = field(default_factory=dict)  # (host, local rank) -> rank
+    lost: set[str] = field(default_factory=set)
+
+
+class RunMetrics(Collector):
+    """One run's series, computed when Prometheus scrapes: the account from the run's events file
+    (orchestrator/account), the live state from the current attempt's monitor, the hosts' ledger
+    states. Thread-safe: scrapes come on the server's threads."""
+
+    def __init__(self, job: Job, backend: str, clock: Callable[[], float] = time.time) -> None:
+        self.job = job
+        self.backend = backend
+        self.clock = clock
+        self.lock = threading.Lock()
+        self.events: EventLog | None = None
+        self.run_id = ""
+        self.live = Live()
+        self.running = True
+        self.cached: tuple[float, Account | None, dict[str, set[str]]] | None = None
+        self.scrapes: list[float] = []  # when the last few scrapes came (the final wait reads them)
+        self.scraped = threading.Condition(self.lock)
+
+    def attach(self, events: EventLog, run_id: str) -> None:
+        """The run's events log (one per run, shared by its attempts)."""
+        with self.lock:
+            self.events, self.run_id = events, run_id
+
+    def update(self, live: Live) -> None:
+        with self.lock:
+            self.live = live
+
+    def ended(self) -> None:
+        with self.lock:
+            self.running = False
+            self.cached = None
+
+    # -- the scrape --------------------------------------------------------------------------
+    def collect(self) -> Iterable[Metric]:
+        with self.lock:
+            now = self.clock()
+            events = self.events.events() if self.events is not None else []
+            if self.cached is None or now - self.cached[0] >= ACCOUNT_EVERY or not self.running:
+                self.cached = (now, account(events, now) if events else None, _ledger(self.job))
+            families = self._families(events, self.cached[1], self.cached[2])
+            self.scrapes = [*self.scrapes[-3:], now]
+            self.scraped.notify_all()
+        return families
+
+    def _families(self, events: Sequence[ev.Event], found: Account | None,
+                  ledger: dict[str, set[str]]) -> list[Metric]:
+        run = [self.job.name, self.run_id]
+        out = [_one("ddpctl_run_info", [*run, self.backend], 1.0),
+               _one("ddpctl_run_running", run, 1.0 if self.running else 0.0)]
+        attempts = [e for e in events if e.kind == ev.ATTEMPT_START]
+        out.append(_one("ddpctl_run_attempt", run, float(attempts[-1].attempt or 0) if attempts else 0.0))
+        live = self.live
+        if live.steps is not None:
+            out.append(_one("ddpctl_run_steps", run, float(live.steps)))
+        if live.last_step is not None:
+            out.append(_one("ddpctl_run_last_step_timestamp_seconds", run, live.last_step))
+        if found is not None:
+            out += self._account(run, found)
+        restarts = family("ddpctl_run_restarts")
+        for reason, count in _count(e.cause or "unknown" for e in events if e.kind == ev.RESTART).items():
+            restarts.add_metric([*run, reason], float(count))
+        hosts = _host_states(self.job, attempts[-1].get("hosts") if attempts else None, live.lost, ledger)
+        counted = family("ddpctl_run_hosts")
+        for state in HOST_STATES:
+            counted.add_metric([*run, state], float(sum(1 for s in hosts.values() if state in s)))
+        lost = family("ddpctl_run_host_lost")
+        for host in sorted(live.lost):
+            lost.add_metric([*run, host], 1.0)
+        stragglers = family("ddpctl_run_straggler")
+        for (host, local), rank in sorted(live.stragglers.items()):
+            stragglers.add_metric([*run, host, str(rank if rank is not None else f"local {local}")], 1.0)
+        return [*out, restarts, counted, lost, stragglers]
+
+    @staticmethod
+    def _account(run: list[str], found: Account) -> list[Metric]:
+        out = [_one("ddpctl_run_wall_seconds", run, found.wall_s),
+               _one("ddpctl_run_productive_seconds", run, found.productive_s)]
+        if found.goodput is not None:
+            out.append(_one("ddpctl_run_goodput_ratio", run, found.goodput))
+        lost = family("ddpctl_run_lost_seconds")
+        summed: dict[tuple[str, str, str], float] = {}
+        for part in found.parts:
+            key = (part.kind, part.cause, part.host or "")
+            summed[key] = summed.get(key, 0.0) + part.seconds
+        for (kind, cause, host), seconds in sorted(summed.items()):
+            lost.add_metric([*run, kind, cause, host], seconds)
+        return [*out, lost]
+
+    def wait_final_scrape(self) -> bool:
+        """After the run: wait for Prometheus to scrape the final values once, at most twice the
+        interval it has been scraping at (never where it has not scraped twice); False: it did not."""
+        with self.lock:
+            if len(self.scrapes) < 2:
+                return False
+            seen = len(self.scrapes), self.scrapes[-1]
+            limit = min(2 * (self.scrapes[-1] - self.scrapes[-2]), FINAL_SCRAPE_MAX)
+            return self.scraped.wait_for(lambda: (len(self.scrapes), self.scrapes[-1]) != seen, timeout=limit)
+
+
+def _one(name: str, labels: list[str], value: float) -> Metric:
+    """A family of one sample."""
+    made = family(name)
+    made.add_metric(labels, value)
+    return made
+
+
+def _ledger(job: Job) -> dict[str, set[str]]:
+    """The job's hosts and spares the ledger holds suspect or quarantined (never fails a scrape)."""
+    try:
+        found = screen(job, [*job.hosts, *job.spares])
+    except Exception:  # the ledger never stops a run, nor its metrics
+        return {}
+    out = {name: {"quarantined"} for name in found.quarantined}
+    for name in found.suspect:
+        out.setdefault(name, set()).add("suspect")
+    return out
+
+
+def _count(values: Iterable[str]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for value in values:
+        counts[value] = counts.get(value, 0) + 1
+    return counts
+
+
+def _host_states(job: Job, attempt_hosts: Any, lost: set[str], ledger: dict[str, set[str]]) -> dict[str, set[str]]:
+    """Each of the job's hosts and spares -> its states now: running or lost (in this attempt) or a
+    spare (not in it), and the ledger's suspect or quarantined."""
+    current = {str(h) for h in attempt_hosts} if isinstance(attempt_hosts, list) else {h.name for h in job.hosts}
+    names = [h.name for h in (*job.hosts, *job.spares)]
+    states: dict[str, set[str]] = {}
+    for name in names:
+        here = {"lost"} if name in lost else {"running"} if name in current else {"spare"}
+        states[name] = here
+    for name in names:
+        states[name] |= ledger.get(name, set())
+    return states
+
+
+# -- the monitor: live state, and the hosts told of their stragglers ------------------------------
+class MetricsFeed(Quiet):
+    """Keeps RunMetrics' live part (steps, the last step, stragglers, lost hosts) from the attempt's
+    Watch, and tells a host with a metrics textfile when one of its ranks is named a straggler or is
+    back to pace (Flag)."""
+
+    def __init__(self, plan: LaunchPlan, watch: Watch, metrics: RunMetrics | None) -> None:
+        self.watch = watch
+        self.metrics = metrics
+        self.textfiles = {hl.host.name for hl in plan.hosts if hl.host.metrics_dir}
+        self.flagged: set[tuple[str, int]] = set()
+        self.lost: set[str] = set()
+
+    def on_event(self, event: MonitorEvent, job: JobView) -> Sequence[Action]:
+        if isinstance(event, HostLost):
+            self.lost.add(event.host)
+        return ()
+
+    def on_tick(self, job: JobView) -> Sequence[Action]:
+        watch = self.watch
+        now = set(watch.episodes)
+        actions: list[Action] = [Flag(host, local, True) for host, local in sorted(now - self.flagged)
+                                 if host in self.textfiles]
+        actions += [Flag(host, local, False) for host, local in sorted(self.flagged - now) if host in self.textfiles]
+        self.flagged = now
+        if self.metrics is not None:
+            ranks = {key: history.rank for key, history in watch.ranks.items()}
+            last = watch.last_step_at + watch.wall_offset if watch.last_step_at is not None else None
+            self.metrics.update(Live(watch.step, last, {key: ranks.get(key) for key in now}, set(self.lost)))
+        return actions
+
+    def finish(self, result: RunResult) -> Sequence[Action]:
+        self.on_tick_final()
+        return ()
+
+    def on_tick_final(self) -> None:
+        if self.metrics is not None:
+            self.metrics.update(Live(self.watch.step, self.metrics.live.last_step, {}, set(self.lost)))
+
+
+# -- the server ---------------------------------------------------------------------------------
+class MetricsServer:
+    """prometheus-client's HTTP server for one run's RunMetrics, on `port` (all addresses)."""
+
+    def __init__(self, metrics: RunMetrics, port: int) -> None:
+        from prometheus_client import start_http_server
+
+        self.metrics = metrics
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(metrics)
+        try:
+            self.server, self.thread = start_http_server(port, registry=self.registry)
+        except OSError as exc:
+            raise ConfigError(f"--metrics-port {port}: cannot serve metrics there ({exc.strerror or exc})",
+                              key="metrics.port", hint="give a free port (`ddpctl kill-port PORT` shows who holds "
+                              "it), or leave [metrics] port out") from exc
+        self.port = port
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
