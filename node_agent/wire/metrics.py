@@ -90,8 +90,9 @@ METRICS = (
                "(Hostname empty: no host).", (*RUN, "kind", "cause", "Hostname"), "up"),
     MetricName("ddpctl_run_restarts", COUNTER, "Restarts of the run, by what each restart is charged to.",
                (*RUN, "reason"), "up"),
-    MetricName("ddpctl_run_hosts", GAUGE, "The run's hosts in each state: running, lost, spare, suspect, "
-               "quarantined.", (*RUN, "state"), "up"),
+    MetricName("ddpctl_run_hosts", GAUGE, "The run's hosts in each state: running or lost (in this attempt), "
+               "out (left out of it), spare (waiting), and the ledger's suspect and quarantined.",
+               (*RUN, "state"), "up"),
     MetricName("ddpctl_run_host_lost", GAUGE, "1 for a host the run has lost in this attempt.",
                (*RUN, "Hostname"), "up"),
     MetricName("ddpctl_run_straggler", GAUGE, "1 while a rank is named a straggler.", (*RUN, "Hostname", "rank"),

@@ -10,7 +10,6 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector, CollectorRegistry
@@ -28,7 +27,7 @@ from orchestrator.watch.job_state import Watch
 
 ACCOUNT_EVERY = 5.0  # the account is computed again at most this often (a week's run: ~1.6 s)
 FINAL_SCRAPE_MAX = 60.0  # after the run, `up` waits for Prometheus' next scrape at most this long
-HOST_STATES = ("running", "lost", "spare", "suspect", "quarantined")
+HOST_STATES = ("running", "lost", "out", "spare", "suspect", "quarantined")
 
 
 @dataclass
@@ -41,10 +40,31 @@ class Live:
     lost: set[str] = field(default_factory=set)
 
 
+@dataclass(frozen=True)
+class Reading:
+    """What the run's events and the host ledger say as of `at` (read again at most every
+    ACCOUNT_EVERY seconds, outside the lock: a long run's account takes a second or two)."""
+
+    at: float
+    account: Account | None = None
+    attempt: int = 0
+    attempt_hosts: tuple[str, ...] | None = None  # None: the events do not say (the job's hosts)
+    restarts: dict[str, int] = field(default_factory=dict)  # cause -> restarts charged to it
+    ledger: dict[str, set[str]] = field(default_factory=dict)  # host -> suspect / quarantined
+
+
+def read_run(events: Sequence[ev.Event], job: Job, now: float) -> Reading:
+    attempts = [e for e in events if e.kind == ev.ATTEMPT_START]
+    hosts = attempts[-1].get("hosts") if attempts else None
+    return Reading(now, account(events, now) if events else None, (attempts[-1].attempt or 0) if attempts else 0,
+                   tuple(str(h) for h in hosts) if isinstance(hosts, list) else None,
+                   _count(e.cause or "unknown" for e in events if e.kind == ev.RESTART), _ledger(job))
+
+
 class RunMetrics(Collector):
     """One run's series, computed when Prometheus scrapes: the account from the run's events file
     (orchestrator/account), the live state from the current attempt's monitor, the hosts' ledger
-    states. Thread-safe: scrapes come on the server's threads."""
+    states. Thread-safe: scrapes come on the server's threads, updates on the core's."""
 
     def __init__(self, job: Job, backend: str, clock: Callable[[], float] = time.time) -> None:
         self.job = job
@@ -55,7 +75,7 @@ class RunMetrics(Collector):
         self.run_id = ""
         self.live = Live()
         self.running = True
-        self.cached: tuple[float, Account | None, dict[str, set[str]]] | None = None
+        self.reading: Reading | None = None
         self.scrapes: list[float] = []  # when the last few scrapes came (the final wait reads them)
         self.scraped = threading.Condition(self.lock)
 
@@ -71,38 +91,37 @@ class RunMetrics(Collector):
     def ended(self) -> None:
         with self.lock:
             self.running = False
-            self.cached = None
+            self.reading = None
 
     # -- the scrape --------------------------------------------------------------------------
     def collect(self) -> Iterable[Metric]:
         with self.lock:
-            now = self.clock()
-            events = self.events.events() if self.events is not None else []
-            if self.cached is None or now - self.cached[0] >= ACCOUNT_EVERY or not self.running:
-                self.cached = (now, account(events, now) if events else None, _ledger(self.job))
-            families = self._families(events, self.cached[1], self.cached[2])
+            now, log, reading = self.clock(), self.events, self.reading
+            live, running, run = self.live, self.running, [self.job.name, self.run_id]
+        if reading is None or now - reading.at >= ACCOUNT_EVERY or not running:
+            reading = read_run(log.events() if log is not None else [], self.job, now)
+            with self.lock:
+                self.reading = reading
+        families = self._families(run, reading, live, running)
+        with self.lock:
             self.scrapes = [*self.scrapes[-3:], now]
             self.scraped.notify_all()
         return families
 
-    def _families(self, events: Sequence[ev.Event], found: Account | None,
-                  ledger: dict[str, set[str]]) -> list[Metric]:
-        run = [self.job.name, self.run_id]
+    def _families(self, run: list[str], reading: Reading, live: Live, running: bool) -> list[Metric]:
         out = [_one("ddpctl_run_info", [*run, self.backend], 1.0),
-               _one("ddpctl_run_running", run, 1.0 if self.running else 0.0)]
-        attempts = [e for e in events if e.kind == ev.ATTEMPT_START]
-        out.append(_one("ddpctl_run_attempt", run, float(attempts[-1].attempt or 0) if attempts else 0.0))
-        live = self.live
+               _one("ddpctl_run_running", run, 1.0 if running else 0.0),
+               _one("ddpctl_run_attempt", run, float(reading.attempt))]
         if live.steps is not None:
             out.append(_one("ddpctl_run_steps", run, float(live.steps)))
         if live.last_step is not None:
             out.append(_one("ddpctl_run_last_step_timestamp_seconds", run, live.last_step))
-        if found is not None:
-            out += self._account(run, found)
+        if reading.account is not None:
+            out += self._account(run, reading.account)
         restarts = family("ddpctl_run_restarts")
-        for reason, count in _count(e.cause or "unknown" for e in events if e.kind == ev.RESTART).items():
+        for reason, count in reading.restarts.items():
             restarts.add_metric([*run, reason], float(count))
-        hosts = _host_states(self.job, attempts[-1].get("hosts") if attempts else None, live.lost, ledger)
+        hosts = _host_states(self.job, reading.attempt_hosts, live.lost, reading.ledger)
         counted = family("ddpctl_run_hosts")
         for state in HOST_STATES:
             counted.add_metric([*run, state], float(sum(1 for s in hosts.values() if state in s)))
@@ -166,14 +185,16 @@ def _count(values: Iterable[str]) -> dict[str, int]:
     return counts
 
 
-def _host_states(job: Job, attempt_hosts: Any, lost: set[str], ledger: dict[str, set[str]]) -> dict[str, set[str]]:
-    """Each of the job's hosts and spares -> its states now: running or lost (in this attempt) or a
-    spare (not in it), and the ledger's suspect or quarantined."""
-    current = {str(h) for h in attempt_hosts} if isinstance(attempt_hosts, list) else {h.name for h in job.hosts}
+def _host_states(job: Job, attempt_hosts: tuple[str, ...] | None, lost: set[str],
+                 ledger: dict[str, set[str]]) -> dict[str, set[str]]:
+    """Each of the job's hosts and spares -> its states now: running or lost (in this attempt), out
+    of it (left out) or a spare (waiting), and the ledger's suspect or quarantined."""
+    current = set(attempt_hosts) if attempt_hosts is not None else {h.name for h in job.hosts}
     names = [h.name for h in (*job.hosts, *job.spares)]
     states: dict[str, set[str]] = {}
     for name in names:
-        here = {"lost"} if name in lost else {"running"} if name in current else {"spare"}
+        spare = any(h.name == name for h in job.spares)
+        here = {"lost"} if name in lost else {"running"} if name in current else {"spare" if spare else "out"}
         states[name] = here
     for name in names:
         states[name] |= ledger.get(name, set())

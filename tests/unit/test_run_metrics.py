@@ -62,7 +62,8 @@ def test_the_run_so_far_from_its_events_and_the_live_state(tmp_path: Path) -> No
     assert value(parsed, "ddpctl_run_restarts_total", reason="lost", **run) == 1
     # node2, the spare, runs attempt 1 in node0's place
     assert value(parsed, "ddpctl_run_hosts", state="running") == 2
-    assert value(parsed, "ddpctl_run_hosts", state="spare") == 1  # node0, out of this attempt
+    assert value(parsed, "ddpctl_run_hosts", state="out") == 1  # node0, lost in attempt 0
+    assert value(parsed, "ddpctl_run_hosts", state="spare") == 0
     assert value(parsed, "ddpctl_run_straggler", Hostname="node1", rank="3") == 1
     promtool_ok(text)
     metrics.ended()
