@@ -135,8 +135,8 @@ def expect_duration(src: Reporter, key: str, value: object, minimum: float, maxi
         seconds = duration_seconds(value)
     if seconds is None:
         raise src.error(key, f"expected seconds or a duration, got {describe(value)}",
-                        f'write seconds ({key.rsplit(".", 1)[-1]} = 86400) or a duration with its unit: '
-                        '"90s", "30m", "24h", "7d"', value=value)
+                        f'write seconds ({key.rsplit(".", 1)[-1]} = {min(maximum, 86400.0):g}) or a duration '
+                        'with its unit: "90s", "30m", "24h", "7d"', value=value)
     if not minimum <= seconds <= maximum:
         raise src.error(key, f"{seconds:g} s is out of range", f"use {minimum:g} to {maximum:g} seconds",
                         value=value)

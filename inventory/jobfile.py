@@ -28,12 +28,14 @@ from inventory.fields import (
 )
 from inventory.hostrange import expand_hostnames
 from inventory.loading import load_inventory
+from inventory.metrics import read_metrics, with_port
 from inventory.model import (
     LOCALHOST,
     Host,
     Inventory,
     Job,
     JobOverrides,
+    MetricsSpec,
     NprocSpec,
     Rendezvous,
     RestartSpec,
@@ -47,7 +49,8 @@ from inventory.sync import read_sync
 from inventory.tomlsource import FlagReporter, Reporter, TomlFile, read_toml, toml_files_in
 from inventory.watch import read_watch
 
-JOB_FILE_KEYS = ("inventory", "job", "rendezvous", "env", "slurm", "sync", "supervise", "restart", "watch")
+JOB_FILE_KEYS = ("inventory", "job", "rendezvous", "env", "slurm", "sync", "supervise", "restart", "watch",
+                 "metrics")
 SUPERVISE_KEYS = ("lost_after",)
 MIN_LOST_AFTER_S = 10  # orchestrator/launch/faults.py MIN_LOST_AFTER: silent_after + one retry
 JOB_KEYS = ("name", "script", "module", "args", "nproc_per_node", "hosts")
@@ -152,6 +155,8 @@ def load_job(path: Path, overrides: JobOverrides | None = None) -> Job:
         lost_after=_lost_after(doc),
         restart=_restart(doc, slurm.nodes if slurm is not None else len(spec.hosts), slurm),
         watch=read_watch(doc, doc.data["watch"]) if "watch" in doc.data else WatchSpec(),
+        metrics=with_port(read_metrics(doc, doc.data["metrics"]) if "metrics" in doc.data else MetricsSpec(),
+                          overrides.metrics_port if overrides is not None else None),
     )
 
 
@@ -357,7 +362,8 @@ def apply_overrides(job: Job, overrides: JobOverrides) -> Job:
         _check_master(_JobReporter(job.source), spec, job.inventory)
     return replace(job, hosts=spec.hosts, nproc_per_node=spec.nproc, env=MappingProxyType(dict(spec.env)),
                    rendezvous=replace(job.rendezvous, master_addr=spec.master_addr,
-                                      master_port=spec.master_port, backend=spec.backend), slurm=slurm)
+                                      master_port=spec.master_port, backend=spec.backend), slurm=slurm,
+                   metrics=with_port(job.metrics, overrides.metrics_port))
 
 
 @dataclass(frozen=True)

@@ -234,3 +234,4 @@ class JobOverrides:
     env: tuple[tuple[str, str], ...] = ()
     hosts: tuple[str, ...] | None = None
     backend: Literal["ssh", "slurm"] | None = None  # None: [slurm] in the job file decides
+    metrics_port: int | None = None  # --metrics-port: replaces [metrics] port

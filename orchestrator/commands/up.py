@@ -379,6 +379,9 @@ MaxRestartsOpt = Annotated[int | None, typer.Option(
     help="Restart the job this many times in all after a failure: a faulty host "
     "is left out (spares take its place), a deterministic bug is not retried (default: \\[restart] "
     "max_restarts, 0).", rich_help_panel="Restarts")]
+MetricsPortOpt = Annotated[int | None, typer.Option(
+    "--metrics-port", show_default=False,
+    help="Serve the run's Prometheus series on this port, 1-65535 (default: \\[metrics] port; none: not served).")]
 RunIdOpt = Annotated[str | None, typer.Option(
     "--run-id", hidden=True, help="The run's id (a detached job's restart loop is given it).")]
 
@@ -406,6 +409,7 @@ def up_command(
     join_timeout: JoinTimeoutOpt = None,
     lost_after: LostAfterOpt = None,
     max_restarts: MaxRestartsOpt = None,
+    metrics_port: MetricsPortOpt = None,
     run_id: RunIdOpt = None,
     *,
     connection: Connection,
@@ -422,7 +426,7 @@ def up_command(
     job = load_job(job_file, JobOverrides(
         nproc_per_node=parse_nproc(nproc_per_node), master_port=parse_port(master_port),  # type: ignore[arg-type]
         env=tuple(parse_env_assignment(e) for e in env or ()),
-        hosts=(hosts,) if hosts else None, backend=backend.value if backend else None))
+        hosts=(hosts,) if hosts else None, backend=backend.value if backend else None, metrics_port=metrics_port))
     options = LaunchOptions(grace=grace, hang_timeout=hang_timeout, on_hang=on_hang.as_literal(),
                             dump_on_interrupt=dump_on_interrupt, nccl_debug=nccl_debug, free_port=free_port,
                             runs_dir=runs_dir, checks=not no_checks, join_timeout=join_timeout,

@@ -16,7 +16,7 @@ import pytest
 import typer.core
 import typer.main
 
-from inventory import hostfile, jobfile, loading, restart, slurm_table, sync, watch
+from inventory import hostfile, jobfile, loading, metrics, restart, slurm_table, sync, watch
 from orchestrator import cli
 from orchestrator.checks import catalog, explain
 
@@ -164,7 +164,7 @@ def documented_keys(page: str) -> set[str]:
 def test_the_job_file_page_documents_exactly_the_keys_the_loader_accepts() -> None:
     tables = {"job": jobfile.JOB_KEYS, "rendezvous": jobfile.RENDEZVOUS_KEYS,
               "supervise": jobfile.SUPERVISE_KEYS, "restart": restart.RESTART_KEYS, "watch": watch.WATCH_KEYS,
-              "sync": sync.SYNC_KEYS, "slurm": slurm_table.SLURM_KEYS}
+              "metrics": metrics.METRICS_KEYS, "sync": sync.SYNC_KEYS, "slurm": slurm_table.SLURM_KEYS}
     assert set(jobfile.JOB_FILE_KEYS) == {*tables, "inventory", "env"}  # a new table needs its rows here
     expected = {f"{table}.{key}" for table, keys in tables.items() for key in keys} | {"inventory"}
     documented = documented_keys("job-file.md")
@@ -179,7 +179,7 @@ def key_rows(page: str) -> list[tuple[str, str, str]]:
     """(key, default cell, last cell) of each reference-table row of a docs page."""
     rows = []
     for line in (DOCS / page).read_text(encoding="utf-8").splitlines():
-        if m := re.match(r"\|\s*`([a-z_]+(?:\.[A-Za-z_<>]+)?)`\s*\|", line):
+        if m := re.match(r"\|\s*`([a-z_]+(?:\.[A-Za-z_<>]+){0,2})`\s*\|", line):
             cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
             rows.append((m.group(1), cells[1], cells[-1]))
     return rows
@@ -262,7 +262,7 @@ def test_each_documented_inventory_default_is_the_loaders(tmp_path: Path) -> Non
     plain = load('[[hosts]]\nname = "node0"\n')
     checked = 0
     for key, default, _ in key_rows("cluster.md"):
-        table, name = key.split(".")
+        table, name = key.split(".", 1)  # name: "metrics.textfile_dir", a dotted key
         value = literal(default)
         if value is None:
             continue
@@ -275,7 +275,10 @@ def test_each_documented_inventory_default_is_the_loaders(tmp_path: Path) -> Non
 
 def test_the_cluster_page_documents_exactly_the_inventory_keys() -> None:
     assert set(loading.INVENTORY_KEYS) == {"defaults", "hosts"}
-    expected = ({f"defaults.{k}" for k in loading.DEFAULT_KEYS} | {f"hosts.{k}" for k in loading.HOST_KEYS})
+    tables = {"metrics": loading.METRICS_KEYS}  # a table of a host's: one row per key of it
+    keys = [f"{k}.{sub}" for k in loading.SHARED_KEYS if k in tables for sub in tables[k]]
+    expected = ({f"defaults.{k}" for k in (*loading.DEFAULT_KEYS, *keys) if k not in tables}
+                | {f"hosts.{k}" for k in (*loading.HOST_KEYS, *keys) if k not in tables})
     documented = documented_keys("cluster.md")
     assert documented == expected, (f"documented, not accepted: {sorted(documented - expected)}; "
                                     f"accepted, not documented: {sorted(expected - documented)}")

@@ -17,6 +17,7 @@ from inventory import (
     load_job,
     parse_env_assignment,
 )
+from inventory.model import MetricsSpec
 
 
 def line_of(path: Path, needle: str) -> int:
@@ -150,6 +151,30 @@ def test_overrides_applied_after_file(cluster: Path) -> None:
     job = load_job(path, JobOverrides(nproc_per_node="gpu", master_port=29600))
     assert (job.nproc_per_node, job.rendezvous.master_port) == ("gpu", 29600)
     assert len(job.hosts) == 3
+
+
+@pytest.mark.parametrize(("table", "want"), [
+    ("", MetricsSpec(port=None, every=5.0, keep_ended=300.0)),
+    ("[metrics]\n", MetricsSpec()),
+    ("[metrics]\nport = 9400\n", MetricsSpec(port=9400)),
+    ('[metrics]\nevery = "10s"\nkeep_ended = "5m"\n', MetricsSpec(every=10.0, keep_ended=300.0)),
+    ("[metrics]\nevery = 0.5\nkeep_ended = 0\n", MetricsSpec(every=0.5, keep_ended=0.0)),
+    ('[metrics]\nport = 65535\nevery = 3600\nkeep_ended = "7d"\n',
+     MetricsSpec(port=65535, every=3600.0, keep_ended=7 * 86400.0)),
+])
+def test_the_metrics_table_is_read_with_its_defaults(cluster: Path, table: str, want: MetricsSpec) -> None:
+    path = write_job(cluster, f'inventory = "hosts.toml"\n[job]\nscript = "train.py"\n{table}')
+    assert load_job(path).metrics == want
+
+
+def test_metrics_port_flag_replaces_the_files_port(cluster: Path) -> None:
+    path = write_job(cluster, 'inventory = "hosts.toml"\n[job]\nscript = "train.py"\n'
+                              '[metrics]\nport = 9400\nevery = "2s"\n')
+    assert load_job(path, JobOverrides(metrics_port=9500)).metrics == MetricsSpec(port=9500, every=2.0)
+    assert load_job(path, JobOverrides()).metrics.port == 9400
+    job = apply_overrides(load_job(path), JobOverrides(metrics_port=9600))  # the Python API's way
+    assert job.metrics == MetricsSpec(port=9600, every=2.0)
+    assert apply_overrides(job, JobOverrides()).metrics.port == 9600
 
 
 @pytest.mark.parametrize(

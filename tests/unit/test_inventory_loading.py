@@ -89,6 +89,44 @@ def test_minimal_inventory_uses_model_defaults(tmp_path: Path) -> None:
     assert dict(host.env) == {}
 
 
+METRICS_INVENTORY = """\
+    [defaults.metrics]
+    textfile_dir = "/var/lib/prometheus/node-exporter"
+
+    [[hosts]]
+    name = "node[0-1]"
+
+    [[hosts]]
+    name = "gpu[01-02]"
+    metrics = { textfile_dir = "/srv/textfile" }
+
+    [[hosts]]
+    name = "bare"
+    [hosts.metrics]
+    textfile_dir = "~/node-exporter"
+
+    [[hosts]]
+    name = "other"
+    metrics = {}
+"""
+
+
+def test_a_hosts_own_textfile_dir_wins_over_defaults_and_ranges_inherit_it(tmp_path: Path) -> None:
+    inv = load_inventory(write(tmp_path, METRICS_INVENTORY))
+    assert {h.name: h.metrics_dir for h in inv.hosts} == {
+        "node0": "/var/lib/prometheus/node-exporter", "node1": "/var/lib/prometheus/node-exporter",
+        "gpu01": "/srv/textfile", "gpu02": "/srv/textfile",
+        "bare": "~/node-exporter",  # the host's home: expanded there
+        "other": "/var/lib/prometheus/node-exporter"}  # an empty table sets nothing
+
+
+def test_no_textfile_dir_without_a_metrics_table(tmp_path: Path) -> None:
+    inv = load_inventory(write(tmp_path, INVENTORY))
+    assert [h.metrics_dir for h in inv.hosts] == [None] * 4
+    one = load_inventory(write(tmp_path, '[[hosts]]\nname = "a"\nmetrics.textfile_dir = "/prom"\n'))
+    assert one.hosts[0].metrics_dir == "/prom"
+
+
 def test_inline_array_of_host_tables(tmp_path: Path) -> None:
     inv = load_inventory(write(tmp_path, 'hosts = [{ name = "a" }, { name = "b", port = 23 }]\n'))
     assert inv.names() == ["a", "b"]
@@ -257,6 +295,62 @@ BAD_INVENTORIES = [
         "hosts[0].user",
         "user =",
         None,
+    ),
+    (
+        "metrics-dir-relative",
+        '[defaults.metrics]\ntextfile_dir = "prom"\n[[hosts]]\nname = "a"\n',
+        'textfile_dir must be an absolute path or start with "~/", got "prom"',
+        "defaults.metrics.textfile_dir",
+        "textfile_dir =",
+        "--collector.textfile.directory",
+    ),
+    (
+        "metrics-dir-other-home",
+        '[[hosts]]\nname = "a"\nmetrics = { textfile_dir = "~prom/textfile" }\n',
+        'textfile_dir must be an absolute path or start with "~/", got "~prom/textfile"',
+        "hosts[0].metrics.textfile_dir",
+        "textfile_dir =",
+        "/var/lib/prometheus/node-exporter",
+    ),
+    (
+        "metrics-dir-type",
+        '[[hosts]]\nname = "a"\n[[hosts]]\nname = "b"\n[hosts.metrics]\ntextfile_dir = 3\n',
+        "expected a string, got integer 3",
+        "hosts[1].metrics.textfile_dir",
+        "textfile_dir = 3",
+        'quote it: "3"',
+    ),
+    (
+        "metrics-dir-empty",
+        '[defaults]\nmetrics = { textfile_dir = "" }\n[[hosts]]\nname = "a"\n',
+        "must not be empty",
+        "defaults.metrics.textfile_dir",
+        "textfile_dir",
+        None,
+    ),
+    (
+        "metrics-unknown-key",
+        '[defaults.metrics]\ntextfile_dri = "/x"\n[[hosts]]\nname = "a"\n',
+        'unknown key "textfile_dri" in [defaults.metrics]',
+        "defaults.metrics.textfile_dri",
+        "textfile_dri",
+        'did you mean "textfile_dir"?',
+    ),
+    (
+        "metrics-unknown-host-key",
+        '[[hosts]]\nname = "a"\nmetrics = { port = 9100 }\n',
+        'unknown key "port" in [hosts[0].metrics]',
+        "hosts[0].metrics.port",
+        "metrics = { port",
+        "allowed keys: textfile_dir",
+    ),
+    (
+        "metrics-not-table",
+        '[[hosts]]\nname = "a"\nmetrics = "/var/lib/node-exporter"\n',
+        'expected a table, got string "/var/lib/node-exporter"',
+        "hosts[0].metrics",
+        "metrics =",
+        'write metrics = { textfile_dir = "/var/lib/prometheus/node-exporter" }',
     ),
     (
         "hosts-not-tables",

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from inventory import ConfigError, Host, Inventory, Job, Rendezvous
+from inventory.model import MetricsSpec
+from orchestrator.launch.backends.base import supervise_request
 from orchestrator.launch.labels import RankLines, labels_for, split_rank
+from orchestrator.launch.options import LaunchOptions
 from orchestrator.launch.plan import build_plan, mask_env
 from orchestrator.launch.preflight import resolve_nprocs
 from orchestrator.remote.wire import Facts, HostFacts, PythonFact, WorkdirFact
@@ -149,3 +153,12 @@ def test_an_inline_program_runs_its_modules_in_the_order_given() -> None:
     out = subprocess.run(InlineProgram(modules, "pkg.main").argv(sys.executable), capture_output=True, text=True,
                          check=True, timeout=60)
     assert out.stdout.strip() == "42", "a_user sorts before z_base, and imports it"
+
+
+def test_the_supervise_request_carries_each_hosts_textfile_dir_and_the_jobs_metrics_timing() -> None:
+    with_dir = replace(A, metrics_dir="/var/lib/prometheus/node-exporter")
+    job = replace(make_job(hosts=(with_dir, B)), metrics=MetricsSpec(port=9400, every=2.5, keep_ended=60.0))
+    plan = build_plan(job, "t-1", {"a": 2, "b": 2}, 29500)
+    a, b = (supervise_request(plan, hl, LaunchOptions(), detach=False) for hl in plan.hosts)
+    assert (a.metrics_dir, a.metrics_every, a.metrics_keep) == ("/var/lib/prometheus/node-exporter", 2.5, 60.0)
+    assert (b.metrics_dir, b.metrics_every, b.metrics_keep) == ("", 2.5, 60.0)  # "": this host writes none

@@ -5,9 +5,13 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
+from inventory import Job
 from orchestrator.cli import app
+from orchestrator.commands import up
+from orchestrator.run_up import UpOutcome, UpRequest, run_up
 
 runner = CliRunner()
 
@@ -133,3 +137,34 @@ def test_help_texts_keep_their_table_names() -> None:
     up_help = runner.invoke(app, ["up", "--help"], env=wide).output
     assert "though the job file has [sync]" in up_help and "[slurm] table" in up_help
     assert "a job.toml with [slurm] says so" in runner.invoke(app, ["ps", "--help"], env=wide).output
+
+
+@pytest.mark.parametrize(("flag", "port"), [([], 9400), (["--metrics-port", "9500"], 9500)])
+def test_metrics_port_flag_replaces_the_job_files_port(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flag: list[str], port: int
+) -> None:
+    job = write_two_host_job(tmp_path)
+    job.write_text(job.read_text() + "[metrics]\nport = 9400\n")
+    seen: list[Job] = []
+
+    def spy(given: Job, request: UpRequest, observer: object) -> UpOutcome:
+        seen.append(given)
+        return run_up(given, request, observer)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(up, "run_up", spy)
+    out = runner.invoke(app, ["up", str(job), "--dry-run", *flag])
+    assert out.exit_code == 0, out.output
+    assert [j.metrics.port for j in seen] == [port]
+
+
+@pytest.mark.parametrize("value", ["0", "65536"])
+def test_metrics_port_out_of_range_is_an_error_naming_the_flag(tmp_path: Path, value: str) -> None:
+    out = runner.invoke(app, ["up", str(write_two_host_job(tmp_path)), "--dry-run", "--metrics-port", value])
+    assert out.exit_code == 2, out.output
+    assert f"error: option --metrics-port: port {value} is outside 1-65535" in out.stderr
+    assert "fix: use a port between 1 and 65535" in out.stderr and "Traceback" not in out.output
+
+
+def test_metrics_port_that_is_no_number_is_a_usage_error(tmp_path: Path) -> None:
+    out = runner.invoke(app, ["up", str(write_two_host_job(tmp_path)), "--dry-run", "--metrics-port", "http"])
+    assert out.exit_code == 2 and "--metrics-port" in out.output and "Traceback" not in out.output

@@ -70,7 +70,9 @@ def supervise_request(plan: LaunchPlan, launch: HostLaunch, options: LaunchOptio
         launcher=tuple(launch.launcher), program=tuple(launch.program), env=dict(launch.env), cwd=launch.cwd,
         grace=options.grace,
         heartbeat_timeout=0 if detach else limits_for(plan.job.lost_after, options.lost_after).node_after,
-        detach=detach, nccl_debug=options.nccl_debug, wrap=launch.wrapped, sample_every=plan.job.watch.sample_every)
+        detach=detach, nccl_debug=options.nccl_debug, wrap=launch.wrapped, sample_every=plan.job.watch.sample_every,
+        metrics_dir=launch.host.metrics_dir or "", metrics_every=plan.job.metrics.every,
+        metrics_keep=plan.job.metrics.keep_ended)
 
 
 class Backend(Protocol):
