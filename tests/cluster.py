@@ -46,6 +46,7 @@ from tests.cluster_sys import (
     wait_until,
     which,
 )
+from tests.required import missing
 
 __all__ = ["Cluster", "ClusterError", "ClusterHost", "leftovers", "start_cluster",
            "unavailable_reason"]
@@ -449,14 +450,9 @@ def _check_request(n: int, prefix: str, port: int, private: Collection[int],
 
 def require_cluster() -> None:
     """For tests: skip when no cluster can be built here; fail instead under DDPCTL_REQUIRE_CLUSTER=1."""
-    import pytest
-
     reason = unavailable_reason()
-    if reason is None:
-        return
-    if os.environ.get("DDPCTL_REQUIRE_CLUSTER") == "1":
-        pytest.fail(f"DDPCTL_REQUIRE_CLUSTER=1 but {reason}", pytrace=False)
-    pytest.skip(reason)
+    if reason is not None:
+        missing(reason)
 
 
 def start_cluster(n: int, workdir: Path, prefix: str | None = None, port: int = 22,

@@ -51,6 +51,7 @@ from tests.cluster_sys import (
     wait_until,
     which,
 )
+from tests.required import missing
 
 __all__ = ["ClusterError", "SlurmCluster", "reap_stale_slurm_clusters", "require_slurm",
            "slurm_leftovers", "slurm_unavailable_reason", "start_slurm_cluster"]
@@ -91,14 +92,9 @@ def slurm_unavailable_reason() -> str | None:
 
 def require_slurm() -> None:
     """For tests: skip when no Slurm cluster can be built; fail instead under DDPCTL_REQUIRE_CLUSTER=1."""
-    import pytest
-
     reason = slurm_unavailable_reason()
-    if reason is None:
-        return
-    if os.environ.get("DDPCTL_REQUIRE_CLUSTER") == "1":
-        pytest.fail(f"DDPCTL_REQUIRE_CLUSTER=1 but {reason}", pytrace=False)
-    pytest.skip(reason)
+    if reason is not None:
+        missing(reason)
 
 
 def _comm(pid: int) -> str | None:

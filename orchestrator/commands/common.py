@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import functools
 import inspect
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
@@ -95,6 +96,16 @@ def print_host_error(exc: HostError) -> None:
     err_console.print(f"[bold red]error:[/] {escape(exc.host + ': ' + exc.message)}", highlight=False)
     if exc.fix:
         err_console.print(f"  [bold]fix:[/] {escape(exc.fix)}", highlight=False)
+
+
+@contextlib.contextmanager
+def writing(path: Path, flag: str, example: str) -> Iterator[None]:
+    """An OSError while writing `path` (a command's output file) -> a ConfigError naming the flag and the path."""
+    try:
+        yield
+    except OSError as exc:
+        raise ConfigError(f"cannot write {path}: {exc.strerror or exc}", key=flag,
+                          hint=f"name a file in a folder that exists and you can write: {example}") from None
 
 
 def handle_errors(func: F) -> F:

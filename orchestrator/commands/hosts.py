@@ -1,5 +1,5 @@
 """`ddpctl hosts`: the host ledger, one row per host (runs, last seen, faults, what it cost the runs
-in the quarantine window, state), and
+in the quarantine window, state), `--prom FILE` for node_exporter (orchestrator/hostops/prom.py), and
 `--release HOST` after a repair (orchestrator/hostops/hostbook.py)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from inventory import ConfigError, Inventory, load_inventory
-from orchestrator.commands.common import InventoryOpt, JsonOpt, console, err_console, handle_errors, ssh_flags
+from orchestrator.commands.common import InventoryOpt, JsonOpt, console, err_console, handle_errors, ssh_flags, writing
 from orchestrator.hostops.hostbook import HostRow, HostsView, Released, hosts_view, last_fault_text, release_host
 from orchestrator.hostops.quarantine import LedgerState, duration
 from orchestrator.remote.ssh_options import Connection
@@ -25,13 +25,18 @@ CheckOpt = Annotated[bool, typer.Option(
     "--check", help="With --release: run the deep checks on the host against hosts the ledger knows good, "
     "and release it only if they pass.")]
 RunsDirOpt = Annotated[Path, typer.Option("--runs-dir", help="Where --check's logs go.")]
+PromOpt = Annotated[Path | None, typer.Option(
+    "--prom", metavar="FILE", dir_okay=False,
+    help="Write each host's state, faults and cost to FILE (atomically) for node_exporter's textfile "
+    "collector, and print one line instead of the table: see docs/metrics.md.")]
 STATE_STYLE = {LedgerState.OK: "green", LedgerState.SUSPECT: "yellow", LedgerState.QUARANTINED: "bold red"}
 
 
 @handle_errors
 @ssh_flags()
 def hosts_command(inventory: InventoryOpt = None, release: ReleaseOpt = None, as_json: JsonOpt = False,
-                  *, connection: Connection, check: CheckOpt = False, runs_dir: RunsDirOpt = Path("runs")) -> None:
+                  *, connection: Connection, check: CheckOpt = False, runs_dir: RunsDirOpt = Path("runs"),
+                  prom: PromOpt = None) -> None:
     """Every host's runs, faults and state: ok, suspect or quarantined.
 
     The host ledger on this machine records each doctor run and each `up` attempt: the hosts seen,
@@ -41,32 +46,53 @@ def hosts_command(inventory: InventoryOpt = None, release: ReleaseOpt = None, as
 
     \b
     Examples:
-      ddpctl hosts -i hosts.toml            # this inventory's hosts, known or not
+      ddpctl hosts --prom /var/lib/prometheus/node-exporter/ddpctl.prom
       ddpctl hosts -i hosts.toml --release node1 --check   # back in, once it passes
     """
     inv = load_inventory(inventory) if inventory is not None else None
+    if release is not None and prom is not None:
+        raise ConfigError("--prom goes without --release", key="--prom",
+                          hint="release first, then: ddpctl hosts --prom ddpctl.prom")
     if check:
         if release is None or inv is None:
             raise ConfigError("--check goes with --release HOST and -i <inventory>", key="--check",
                               hint="ddpctl hosts -i hosts.toml --release node3 --check")
         release_checked(inv, release, connection, runs_dir, as_json)
     if release is not None:
-        released = release_host(inv, release)
-        print_warnings(released.warnings)
-        if as_json:
-            console.print_json(json.dumps(released_json(released)))
-        else:
-            was = released.was
-            console.print(escape(f"released {released.record.name} ({released.record.address}): it was "
-                                 f"{was.state.value}" + (f" ({was.reason})" if was.reason else "")
-                                 + "; its faults before now no longer count"))
+        print_released(release_host(inv, release), as_json)
         raise typer.Exit(0)
     view = hosts_view(inv)
     print_warnings(view.warnings)
+    written = write_prom(prom, view) if prom is not None else None
     if as_json:
         console.print_json(json.dumps(view_json(view)))
+    elif written is not None:
+        console.print(escape(written))
     else:
         print_view(view)
+
+
+def print_released(released: Released, as_json: bool) -> None:
+    print_warnings(released.warnings)
+    if as_json:
+        console.print_json(json.dumps(released_json(released)))
+    else:
+        was = released.was
+        console.print(escape(f"released {released.record.name} ({released.record.address}): it was "
+                             f"{was.state.value}" + (f" ({was.reason})" if was.reason else "")
+                             + "; its faults before now no longer count"))
+
+
+def write_prom(path: Path, view: HostsView) -> str:
+    """--prom FILE: the ledger's families, for node_exporter's textfile collector; the line that says so."""
+    from orchestrator.hostops.prom import ledger_families, write_textfile  # prometheus-client: only when asked
+
+    if path.suffix != ".prom":
+        print_warnings([f"node_exporter's textfile collector reads only *.prom files, not {path.name}"])
+    with writing(path, "--prom", "--prom /var/lib/prometheus/node-exporter/ddpctl.prom"):
+        write_textfile(path, ledger_families(view))
+    hosts = f"{len(view.rows)} host{'s' if len(view.rows) != 1 else ''}"
+    return f"wrote {path}: the state, host faults and cost in {duration(view.policy.window)} of {hosts}"
 
 
 def release_checked(inv: Inventory, name: str, connection: Connection, runs_dir: Path, as_json: bool) -> None:

@@ -12,9 +12,8 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from inventory import ConfigError
 from orchestrator.account import text
-from orchestrator.commands.common import JsonOpt, console, err_console, handle_errors
+from orchestrator.commands.common import JsonOpt, console, err_console, handle_errors, writing
 from orchestrator.hostops.runs import DEFAULT_SINCE, RunsView, parse_since, runs_view
 from orchestrator.watch.runs_html import render_runs_html, when
 
@@ -54,11 +53,8 @@ def runs_command(since: SinceOpt = DEFAULT_SINCE, as_json: JsonOpt = False, html
 
 
 def write_page(path: Path, page: str) -> None:
-    try:
+    with writing(path, "--html", "--html runs.html"):
         path.write_text(page, encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"cannot write {path}: {exc.strerror or exc}", key="--html",
-                          hint="name a file in a folder that exists and you can write: --html runs.html") from None
 
 
 def print_view(view: RunsView, since: str) -> None:

@@ -101,6 +101,7 @@ class Judgement:
     reason: str | None  # one line; None: ok
     faults: tuple[Event, ...]  # the host faults since its last release, oldest first
     mtbf: float | None  # mean seconds between two host faults (every one kept); None: fewer than 2
+    counted: tuple[Event, ...] = ()  # those of `faults` within the window: what the quarantine counts
 
 
 def duration(seconds: float) -> str:
@@ -150,7 +151,7 @@ def judge(events: Sequence[Event], policy: Policy, now: float | None = None, cos
     now = time.time() if now is None else now
     current = since_release(events)
     faults = tuple(e for e in current if e.kind in FAULTS)
-    recent = [e for e in faults if now - e.at <= policy.window]
+    recent = tuple(e for e in faults if now - e.at <= policy.window)
     mtbf = mean_between(events)
     listed = ", ".join(fault_text(e) for e in recent[-policy.after:])
     released = max((e.at for e in events if e.kind is EventKind.RELEASE), default=-math.inf)
@@ -159,11 +160,11 @@ def judge(events: Sequence[Event], policy: Policy, now: float | None = None, cos
     if len(recent) >= policy.after:
         reason = f"{len(recent)} host faults in {duration(policy.window)}{costing}: {listed}"
         if policy.enabled:
-            return Judgement(LedgerState.QUARANTINED, reason, faults, mtbf)
-        return Judgement(LedgerState.SUSPECT, reason + " (quarantine is off)", faults, mtbf)
+            return Judgement(LedgerState.QUARANTINED, reason, faults, mtbf, recent)
+        return Judgement(LedgerState.SUSPECT, reason + " (quarantine is off)", faults, mtbf, recent)
     if recent:
-        return Judgement(LedgerState.SUSPECT,
-                         f"{len(recent)} host fault(s) in {duration(policy.window)}{costing}: {listed}", faults, mtbf)
+        reason = f"{len(recent)} host fault(s) in {duration(policy.window)}{costing}: {listed}"
+        return Judgement(LedgerState.SUSPECT, reason, faults, mtbf, recent)
     deep = [e for e in current if e.kind is EventKind.DEEP_FINDING]
     if deep:
         return Judgement(LedgerState.SUSPECT, f"deep check: {deep[-1].detail}", faults, mtbf)

@@ -6,14 +6,12 @@ DDPCTL_REQUIRE_CLUSTER is unset; under DDPCTL_REQUIRE_CLUSTER=1 (CI) a missing C
 
 from __future__ import annotations
 
-import os
 import shutil
 import struct
 import subprocess
 import time
 from pathlib import Path
 
-import pytest
 from account_fixtures import HOSTS, account
 
 from orchestrator.account import text
@@ -21,6 +19,7 @@ from orchestrator.hostops.ledger import Ledger
 from orchestrator.hostops.runs import runs_view
 from orchestrator.watch.report_html import render_html
 from orchestrator.watch.runs_html import render_runs_html
+from tests.required import missing
 
 BROWSERS = ("chromium-headless-shell", "chromium", "chromium-browser")
 KINDS = ("start-up", "detection", "relaunch", "straggler", "shutdown")
@@ -30,10 +29,7 @@ def browser() -> str:
     found = next((path for name in BROWSERS if (path := shutil.which(name))), None)
     if found is not None:
         return found
-    reason = "no headless Chromium (apt-get install chromium-headless-shell)"
-    if os.environ.get("DDPCTL_REQUIRE_CLUSTER") == "1":
-        pytest.fail(f"DDPCTL_REQUIRE_CLUSTER=1 but {reason}", pytrace=False)
-    pytest.skip(reason)
+    missing("no headless Chromium (apt-get install chromium-headless-shell)")
 
 
 def chromium(page: Path, profile: Path, *args: str) -> str:
