@@ -130,9 +130,12 @@ def _value(value: float) -> str:
 def exposition(series: Iterable[Tuple[str, Sequence[Sample]]]) -> str:
     """Prometheus' text format (0.0.4) for (name, samples) pairs, each name from METRICS: its HELP
     and TYPE once, then each sample with its labels in the declared order (a name without
-    samples is left out)."""
-    lines: List[str] = []
+    samples is left out; a name given twice has its samples together, under one HELP and TYPE)."""
+    grouped: Dict[str, List[Sample]] = {}
     for name, samples in series:
+        grouped.setdefault(BY_NAME[name].name, []).extend(samples)
+    lines: List[str] = []
+    for name, samples in grouped.items():
         metric = BY_NAME[name]
         if not samples:
             continue

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"
 PAGES = ("cluster", "job-file", "running", "bare-hosts", "slurm", "restarts", "deep-checks", "watching", "python-api",
-         "performance", "architecture", "troubleshooting")
+         "performance", "architecture", "troubleshooting", "metrics")
 RUN_COMMAND = "pip install -e '.[train]' && ddpctl up train_jobs/toy/job.toml"
 TEST_COMMAND = "pip install -e '.[test]' && python3 -m pytest -q -p no:cacheprovider"
 GLOBAL_FLAGS = {"--help", "--version", "--install-completion", "--show-completion"}
