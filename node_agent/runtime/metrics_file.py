@@ -39,8 +39,8 @@ class JobLabels:
     """Who the series are about: the labels every series of this job on this host carries."""
 
     def __init__(self, hostname: str, job: str, run: str, job_id: str, node_rank: int, attempt: int) -> None:
-        self.base = {"Hostname": hostname, "job_name": job, "run": run}  # type: Dict[str, str]
-        self.info = dict(self.base, job_id=job_id, node_rank=str(node_rank), attempt=str(attempt))
+        self.base = {"Hostname": hostname, "job_name": job, "run": run, "attempt": str(attempt)}  # type: Dict[str, str]
+        self.info = dict(self.base, job_id=job_id, node_rank=str(node_rank))
 
 
 def _ms(window: Any, key: str) -> Optional[float]:

@@ -14,7 +14,9 @@ Labels follow NVIDIA's DCGM exporter where they name the same thing (`Hostname`,
 a dashboard joins ddpctl's series with DCGM's on them (DCGM's `modelName` is `model_name` here:
 `promtool check metrics` wants label names in snake_case). `job_name` is the job's name (not `job`:
 Prometheus gives every scraped series the `job` of its scrape config, and would rename ours
-`exported_job`), `run` its run id (the same for every attempt of a restarted run).
+`exported_job`), `run` its run id (the same for every attempt of a restarted run), `attempt` which
+attempt of the run a host's series are of (an ended attempt's file, kept a while, and the next
+attempt's on the same host are two sets of series, never one series collected twice).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ if TYPE_CHECKING:  # typing is for the checker only (node_agent/__init__.py)
 
 GAUGE = "gauge"
 COUNTER = "counter"
-JOB = ("Hostname", "job_name", "run")  # a host's series of one job
+JOB = ("Hostname", "job_name", "run", "attempt")  # a host's series of one job (one attempt of its run)
 RANK = (*JOB, "rank", "local_rank")
 GPU = (*JOB, "gpu", "UUID")
 RUN = ("job_name", "run")  # `up`'s series of one run
@@ -50,8 +52,8 @@ class MetricName:
 
 METRICS = (
     # -- each host of a running job: node_exporter's textfile collector -------------------------
-    MetricName("ddpctl_job_info", GAUGE, "A job this host serves (1), with its job id, node rank and attempt.",
-               (*JOB, "job_id", "node_rank", "attempt"), "host"),
+    MetricName("ddpctl_job_info", GAUGE, "A job this host serves (1), with its job id and node rank.",
+               (*JOB, "job_id", "node_rank"), "host"),
     MetricName("ddpctl_job_running", GAUGE, "1 while the job runs on this host; 0 once it has ended here.",
                JOB, "host"),
     MetricName("ddpctl_job_start_timestamp_seconds", GAUGE, "When the job started on this host (Unix time).",

@@ -145,16 +145,16 @@ def test_the_exposition_text_parses_back_to_the_same_labels_and_values() -> None
 
 def test_the_exposition_text_writes_special_values_and_leaves_out_empty_series() -> None:
     text = exposition([("ddpctl_job_running", []), ("ddpctl_run_goodput_ratio",
-                       [({"job": "a", "run": "1"}, math.nan), ({"job": "b", "run": "2"}, math.inf),
-                        ({"job": "c", "run": "3"}, -math.inf), ({"job": "d", "run": "4"}, 7)])])
+                       [({"job_name": "a", "run": "1"}, math.nan), ({"job_name": "b", "run": "2"}, math.inf),
+                        ({"job_name": "c", "run": "3"}, -math.inf), ({"job_name": "d", "run": "4"}, 7)])])
     assert "ddpctl_job_running" not in text
-    values = {dict(k[1])["job"]: v for k, v in parsed(text).items()}
+    values = {dict(k[1])["job_name"]: v for k, v in parsed(text).items()}
     assert math.isnan(values["a"]) and values["b"] == math.inf and values["c"] == -math.inf and values["d"] == 7
-    assert 'ddpctl_run_goodput_ratio{job="d",run="4"} 7\n' in text  # labels in the declared order, no ".0"
+    assert 'ddpctl_run_goodput_ratio{job_name="d",run="4"} 7\n' in text  # labels in the declared order, no ".0"
 
 
 def test_a_series_given_twice_gets_one_help_and_type() -> None:
-    rank = {"Hostname": "node0", "job": "train", "run": "r1", "local_rank": "0"}
+    rank = {"Hostname": "node0", "job_name": "train", "run": "r1", "attempt": "0", "local_rank": "0"}
     text = exposition([("ddpctl_rank_steps", [({**rank, "rank": "0"}, 3)]), ("ddpctl_job_running", [({}, 1)]),
                        ("ddpctl_rank_steps", [({**rank, "rank": "1", "local_rank": "1"}, 4)])])
     assert text.count("# TYPE ddpctl_rank_steps_total counter") == 1
@@ -201,18 +201,18 @@ tests:
   - interval: 1m
     input_series:
       # run r1 took its last step at 0 s and still runs: no step for 10 minutes from 11m on
-      - series: 'ddpctl_rank_last_step_timestamp_seconds{{Hostname="n0",job="train",run="r1",rank="0"}}'
+      - series: 'ddpctl_rank_last_step_timestamp_seconds{{Hostname="n0",job_name="train",run="r1",attempt="0",rank="0"}}'
         values: '0x20'
-      - series: 'ddpctl_rank_last_step_timestamp_seconds{{Hostname="n1",job="train",run="r1",rank="1"}}'
+      - series: 'ddpctl_rank_last_step_timestamp_seconds{{Hostname="n1",job_name="train",run="r1",attempt="0",rank="1"}}'
         values: '0x20'
-      - series: 'ddpctl_job_running{{Hostname="n0",job="train",run="r1"}}'
+      - series: 'ddpctl_job_running{{Hostname="n0",job_name="train",run="r1",attempt="0"}}'
         values: '1x20'
-      - series: 'ddpctl_job_running{{Hostname="n1",job="train",run="r1"}}'
+      - series: 'ddpctl_job_running{{Hostname="n1",job_name="train",run="r1",attempt="0"}}'
         values: '0x20'
       # run r2 ended on every host: no alert however old its last step
-      - series: 'ddpctl_rank_last_step_timestamp_seconds{{Hostname="n2",job="eval",run="r2",rank="0"}}'
+      - series: 'ddpctl_rank_last_step_timestamp_seconds{{Hostname="n2",job_name="eval",run="r2",attempt="0",rank="0"}}'
         values: '0x20'
-      - series: 'ddpctl_job_running{{Hostname="n2",job="eval",run="r2"}}'
+      - series: 'ddpctl_job_running{{Hostname="n2",job_name="eval",run="r2",attempt="0"}}'
         values: '0x20'
       - series: 'ddpctl_host_state{{Hostname="n1",state="quarantined"}}'
         values: '0x5 1x10'
@@ -225,7 +225,7 @@ tests:
       - eval_time: 13m
         alertname: DdpctlNoStep
         exp_alerts:
-          - exp_labels: {{severity: critical, job: train, run: r1}}
+          - exp_labels: {{severity: critical, job_name: train, run: r1}}
             exp_annotations:
               summary: "ddpctl job train (run r1) has taken no step for 10 minutes"
               description: "No rank of job train, run r1, has taken an optimizer step for 13m 0s, yet the job \
@@ -300,7 +300,7 @@ def test_the_dashboard_is_grafana_json_with_a_title_and_a_query_per_panel() -> N
     assert board["title"] and 36 <= board["schemaVersion"] <= 41
     variables = {v["name"]: v for v in board["templating"]["list"]}
     assert variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == "prometheus"
-    assert variables["job"]["definition"] == "label_values(ddpctl_job_info, job)"
+    assert variables["job"]["definition"] == "label_values(ddpctl_job_info, job_name)"
     ids = [panel["id"] for panel in board["panels"]]
     assert len(set(ids)) == len(ids)
     for panel in board["panels"]:
@@ -308,7 +308,7 @@ def test_the_dashboard_is_grafana_json_with_a_title_and_a_query_per_panel() -> N
         assert panel.get("targets") and all(t.get("expr") and t.get("refId") for t in panel["targets"]), panel["title"]
         assert panel["datasource"]["uid"] == "${datasource}", panel["title"]
         if "ddpctl_host_state" not in json.dumps(panel["targets"]):  # the ledger's hosts are no job's
-            assert all('job=~"$job"' in t["expr"] for t in panel["targets"]), panel["title"]
+            assert all('job_name=~"$job"' in t["expr"] for t in panel["targets"]), panel["title"]
 
 
 def test_promtool_parses_every_dashboard_query(tmp_path: Path) -> None:
