@@ -19,6 +19,7 @@ import time
 
 from node_agent.host import factparse
 from node_agent.host.parallel import run_all
+from node_agent.host.testfile import create_file, remove_file
 from node_agent.ops.torch_facts import fact_ddpctl_lookup, fact_torch, fact_torch_lookup
 from node_agent.wire.layout import DOCTOR_MARKER_PREFIX
 from node_agent.wire.protocol import emit_event
@@ -278,32 +279,14 @@ def _try_checkpoint(req: Dict[str, Any], keep: bool) -> Dict[str, Any]:
         out.update(step="mkdir", error=str(exc))
         return out
     target = os.path.join(path, marker)
-    created = False
-    try:
-        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        created = True
-        try:
-            os.write(fd, MARKER_TEXT)
-        finally:
-            os.close(fd)  # a network filesystem reports a failed write here
-    except OSError as exc:
-        out.update(step="write", error=str(exc))
-        if created:
-            _remove_marker(target, out)
+    if not create_file(target, MARKER_TEXT, out):
         return out
     out["writable"] = True
     if keep and marker == given and spec.get("peers"):
         out["marker"] = marker  # settle_checkpoint removes it when the session ends
     else:
-        _remove_marker(target, out)
+        remove_file(target, out)
     return out
-
-
-def _remove_marker(target: str, out: Dict[str, Any]) -> None:
-    try:
-        os.remove(target)
-    except OSError as exc:
-        out["cleanup_error"] = str(exc)
 
 
 def fact_checkpoint(req: Dict[str, Any]) -> Dict[str, Any]:
@@ -321,7 +304,7 @@ def fact_checkpoint(req: Dict[str, Any]) -> Dict[str, Any]:
             box["out"] = out
             abandoned = box.get("abandoned", False)
         if abandoned and out.get("marker"):
-            _remove_marker(os.path.join(out["path"], out["marker"]), out)
+            remove_file(os.path.join(out["path"], out["marker"]), out)
 
     worker = threading.Thread(target=work, daemon=True)
     worker.start()
@@ -353,7 +336,7 @@ def settle_checkpoint(request: Dict[str, Any], result: Dict[str, Any]) -> Option
     out["seen"] = sorted(str(host) for host, name in peers.items()
                          if name != own and valid_marker(name)
                          and (name in names or os.path.lexists(os.path.join(path, name))))
-    _remove_marker(os.path.join(path, own), out)
+    remove_file(os.path.join(path, own), out)
     return out
 
 
@@ -363,6 +346,13 @@ def fact_prune(req: Dict[str, Any]) -> Dict[str, Any]:
     from node_agent.ops.prune import fact_prune as prune_here
 
     return prune_here(req)
+
+
+def fact_metrics_dir(req: Dict[str, Any]) -> Dict[str, Any]:
+    """The inventory's metrics_dir here: writable, and read by a node_exporter? (node_agent/ops/metricsdir.py)"""
+    from node_agent.ops.metricsdir import fact_metrics_dir as look_here
+
+    return look_here(req)
 
 
 def fact_infiniband(req: Dict[str, Any]) -> List[str]:
@@ -409,6 +399,7 @@ NEEDS: Dict[str, Callable[[Dict[str, Any]], bool]] = {
     "checkpoint": lambda req: bool((req.get("checkpoint") or {}).get("dir")),
     "ddpctl_lookup": lambda req: bool(req.get("ddpctl_lookup")),  # doctor, for a job with restarts
     "prune": lambda req: bool(req.get("prune")),  # a launch: [defaults] keep_runs
+    "metrics_dir": lambda req: bool(req.get("metrics_dir")),  # the host has one in the inventory
 }
 
 
@@ -423,7 +414,7 @@ def registry() -> Dict[str, Fact]:
         "hostname_resolution": fact_hostname_resolution, "cpu_count": fact_cpu_count,
         "gpu_count": fact_gpu_count, "script": fact_script, "master_port": fact_master_port,
         "free_port": fact_free_port, "checkpoint": fact_checkpoint, "ddpctl_lookup": fact_ddpctl_lookup,
-        "prune": fact_prune,
+        "prune": fact_prune, "metrics_dir": fact_metrics_dir,
     }
 
 

@@ -233,6 +233,34 @@ class MemlockFact:
 
 
 @dataclass(frozen=True)
+class MetricsReader:
+    """A node_exporter process on the host (its argv read from /proc/<pid>/cmdline)."""
+
+    pid: int
+    dirs: Tuple[str, ...] = ()  # its --collector.textfile.directory values, as it names them
+    disabled: bool = False  # --no-collector.textfile: it reads no textfile
+    # one of dirs is the host's metrics_dir (seen through its /proc/<pid>/root: a container's
+    # path may differ); None: the names differ and its root is not the login user's to read
+    reads: Optional[bool] = None
+
+
+@dataclass(frozen=True)
+class MetricsDirFact:
+    """The inventory's metrics_dir on the host, node_exporter's textfile directory (node_agent/ops/metricsdir.py)."""
+
+    path: str  # as the host expanded it
+    user: str = ""  # the login user, who writes the job's textfiles
+    exists: bool = False  # (both False also where it did not answer: step "timeout")
+    is_dir: bool = False
+    writable: Optional[bool] = None  # a file could be created in it (None: not tried, not a directory)
+    step: Optional[str] = None  # where the write failed: "write" or "timeout"
+    error: Optional[str] = None  # ... with the OS error
+    cleanup_error: Optional[str] = None  # doctor's test file could not be removed
+    exporters: Optional[Tuple[MetricsReader, ...]] = None  # None: /proc could not be read
+    proc_error: Optional[str] = None
+
+
+@dataclass(frozen=True)
 class Facts:
     """The facts op's sub-facts for one host, each under its name in node_agent/ops/facts.py's
     registry (with hostname, elapsed_s and time, which it always sends)."""
@@ -263,6 +291,7 @@ class Facts:
     # where `up --detach` runs a job's restarts)
     ddpctl_lookup: Optional[ModuleLookupFact] = None
     prune: Optional[PruneReport] = None  # a launch's pruning of old run directories
+    metrics_dir: Optional[MetricsDirFact] = None  # a host with a metrics_dir in the inventory
     elapsed_s: Optional[float] = None  # the op's time before it read the clock
     time: Optional[float] = None  # the host's clock (time.time()) at the end
 

@@ -74,6 +74,8 @@ def facts_request(ctx: DoctorContext, host: Host, probe: bool,
         markers = ctx.checkpoint_markers if probe else {}
         request["checkpoint"] = {"dir": ctx.checkpoint_dir, "marker": markers.get(host.name),
                                  "peers": dict(markers)}
+    if host.metrics_dir and (select is None or "metrics_dir" in select):
+        request["metrics_dir"] = host.metrics_dir  # node_exporter's textfile directory there
     if ctx.max_restarts > 0 and host.name == ctx.hosts[0].name and (select is None or "ddpctl_lookup" in select):
         request["ddpctl_lookup"] = True  # `up --detach` runs the job's restarts from its first host
     if probe:

@@ -50,8 +50,9 @@ LAUNCH_FACTS = ("cpu_count", "gpu_count", "python", "workdir", "master_port", "f
 # and the interfaces are settled (doctor/addressing.py), and the env its processes will see.
 NET_FACTS = ("resolution", "interfaces", "routes", "env", "hostname_resolution")
 # What the pre-launch checks read, on top of those: no torch import (it costs seconds), only
-# whether each host's interpreter finds torch (the python check judges it as doctor does).
-CHECK_FACTS = ("script", "torch_lookup")
+# whether each host's interpreter finds torch (the python check judges it as doctor does); a host's
+# metrics_dir where the inventory gives one (the metrics_dir check: warnings only).
+CHECK_FACTS = ("script", "torch_lookup", "metrics_dir")
 # nvidia-smi's GPUs and their processes, read only when a host selects GPUs (`gpus = [0, 2]`): the
 # gpu check then judges the selection (indices that exist, GPUs another process uses).
 SELECTION_FACTS = ("gpus",)

@@ -8,8 +8,9 @@ from typing import Any
 
 from inventory import Host
 from orchestrator.checks.addressing import HostNet
-from orchestrator.checks.model import DoctorContext, Observations, ProbeResults
+from orchestrator.checks.model import DoctorContext, Observations, ProbeResults, Report
 from orchestrator.errors import HostError
+from orchestrator.remote.pool import HostPool
 from orchestrator.remote.wire import HostFacts, parse_facts, parse_net
 
 HOSTS = tuple(Host(name=f"node{i}", address=f"198.18.0.{10 + i}") for i in range(3))
@@ -93,3 +94,14 @@ def observe(changes: Mapping[int, Mapping[str, Any]] | None = None,
         facts[h.name] = host_facts(h.name, f, (errors or {}).get(i))
     return Observations(ctx=context(**ctx), facts=facts, failed=dict(failed or {}),
                         probes=probes or ProbeResults())
+
+
+def doctor_here(ctx: DoctorContext) -> Report:
+    """Doctor run for real on `ctx`'s hosts (this machine's, through the local transport)."""
+    from orchestrator.doctor import run_doctor
+
+    pool = HostPool()
+    try:
+        return run_doctor(ctx, pool)
+    finally:
+        pool.close()

@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from doctor_fixtures import doctor_here
 
 import node_agent
 from inventory import LOCALHOST, Host
 from orchestrator.checks.model import CheckStatus, DoctorContext
-from orchestrator.doctor import run_doctor
 from orchestrator.errors import HostError
 from orchestrator.remote.agent import (
     AgentResult,
@@ -30,7 +30,6 @@ from orchestrator.remote.agent import (
     parse_reply,
     start_agent,
 )
-from orchestrator.remote.pool import HostPool
 from orchestrator.remote.transport import CommandResult, LocalTransport
 
 
@@ -263,11 +262,7 @@ def test_a_cache_on_a_read_only_or_full_disk_says_so_and_the_call_still_works(
     host = Host(name="ro-host", address="127.0.0.1", python=str(python), workdir=str(tmp_path))
     ctx = DoctorContext(hosts=(host,), master=host, master_addr="127.0.0.1", master_port=None,
                         workdirs={host.name: str(tmp_path)}, timeout_s=60)
-    pool = HostPool()
-    try:
-        report = run_doctor(ctx, pool)
-    finally:
-        pool.close()
+    report = doctor_here(ctx)
     ssh_lines = [f for f in report.findings if f.check == "ssh"]
     assert [f.status for f in ssh_lines] == [CheckStatus.OK, CheckStatus.INFO]
     assert ssh_lines[1].message == ("every call sends the node agent to ro-host: it cannot keep a copy "

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from doctor_fixtures import HOSTS, context, observe
+from doctor_fixtures import HOSTS, context, doctor_here, observe
 
 from inventory import Host
 from node_agent.ops import facts
@@ -21,8 +21,6 @@ from orchestrator.checks import checkpoint
 from orchestrator.checks.gather import checkpoint_markers, facts_request
 from orchestrator.checks.model import CheckStatus, DoctorContext, Finding, Observations
 from orchestrator.checks.registry import run_checks
-from orchestrator.doctor import run_doctor
-from orchestrator.remote.pool import HostPool
 
 FAIL, WARN, INFO, OK, SKIP = (CheckStatus.FAIL, CheckStatus.WARN, CheckStatus.INFO, CheckStatus.OK,
                               CheckStatus.SKIP)
@@ -261,11 +259,7 @@ def local_ctx(tmp_path: Path, workdirs: dict[str, Path], ckpt: str) -> DoctorCon
 
 
 def checkpoint_findings(ctx: DoctorContext) -> list[Finding]:
-    pool = HostPool()
-    try:
-        report = run_doctor(ctx, pool)
-    finally:
-        pool.close()
+    report = doctor_here(ctx)
     assert "checkpoint" in report.checks
     return [f for f in report.findings if f.check == "checkpoint"]
 
@@ -292,10 +286,6 @@ def test_two_sessions_in_their_own_directories_are_host_local_and_leave_nothing(
 
 def test_a_job_without_a_checkpoint_dir_has_no_checkpoint_column(tmp_path: Path) -> None:
     ctx = replace(local_ctx(tmp_path, {"a": tmp_path}, "ckpt"), checkpoint_dir=None)
-    pool = HostPool()
-    try:
-        report = run_doctor(ctx, pool)
-    finally:
-        pool.close()
+    report = doctor_here(ctx)
     assert "checkpoint" not in report.checks and "workdir" in report.checks
     assert os.listdir(tmp_path) == []

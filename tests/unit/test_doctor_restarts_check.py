@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from doctor_fixtures import HOSTS, context, observe
+from doctor_fixtures import HOSTS, context, doctor_here, observe
 
 import orchestrator.cli
 from inventory import Host
@@ -18,8 +18,6 @@ from orchestrator.checks import restarts
 from orchestrator.checks.gather import facts_request
 from orchestrator.checks.model import CheckStatus, DoctorContext, Finding
 from orchestrator.checks.registry import run_checks
-from orchestrator.doctor import run_doctor
-from orchestrator.remote.pool import HostPool
 
 WARN, OK, SKIP = CheckStatus.WARN, CheckStatus.OK, CheckStatus.SKIP
 FOUND = {"found": True, "origin": "/opt/venv/lib/python3.11/site-packages/orchestrator/cli.py",
@@ -159,11 +157,7 @@ def local_ctx(tmp_path: Path, python: str, max_restarts: int) -> DoctorContext:
 
 
 def doctor(ctx: DoctorContext) -> tuple[list[str], list[Finding]]:
-    pool = HostPool()
-    try:
-        report = run_doctor(ctx, pool)
-    finally:
-        pool.close()
+    report = doctor_here(ctx)
     return report.checks, [f for f in report.findings if f.check == "restarts"]
 
 
