@@ -26,7 +26,7 @@ from orchestrator.launch.result import RunResult
 from orchestrator.watch.job_state import Watch
 
 ACCOUNT_EVERY = 5.0  # the account is computed again at most this often (a week's run: ~1.6 s)
-FINAL_SCRAPE_MAX = 60.0  # after the run, `up` waits for Prometheus' next scrape at most this long
+FINAL_SCRAPE_MAX = 30.0  # after the run, `up` waits for Prometheus' next scrape at most this long
 HOST_STATES = ("running", "lost", "out", "spare", "suspect", "quarantined")
 
 

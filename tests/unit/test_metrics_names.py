@@ -201,9 +201,9 @@ tests:
   - interval: 1m
     input_series:
       # run r1 took its last step at 0 s and still runs: no step for 10 minutes from 11m on
-      - series: 'ddpctl_rank_last_step_timestamp_seconds{{Hostname="n0",job_name="train",run="r1",attempt="0",rank="0"}}'
+      - series: 'ddpctl_rank_last_step_timestamp_seconds{{Hostname="n0",job_name="train",run="r1",rank="0"}}'
         values: '0x20'
-      - series: 'ddpctl_rank_last_step_timestamp_seconds{{Hostname="n1",job_name="train",run="r1",attempt="0",rank="1"}}'
+      - series: 'ddpctl_rank_last_step_timestamp_seconds{{Hostname="n1",job_name="train",run="r1",rank="1"}}'
         values: '0x20'
       - series: 'ddpctl_job_running{{Hostname="n0",job_name="train",run="r1",attempt="0"}}'
         values: '1x20'

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 import urllib.request
 from pathlib import Path
 
@@ -100,16 +101,20 @@ def _free() -> int:
 
 
 def test_the_final_values_wait_for_one_more_scrape_at_most_twice_the_interval() -> None:
-    metrics = RunMetrics(job(), "ssh")
+    times = iter([100.0, 100.2, 100.4])  # Prometheus scrapes every 0.2 s
+    metrics = RunMetrics(job(), "ssh", clock=lambda: next(times))
     assert metrics.wait_final_scrape() is False  # never scraped: nobody to wait for
-    metrics.scrapes = [100.0, 100.2]  # scraped every 0.2 s
+    scraped(metrics)
+    scraped(metrics)
     got: list[bool] = []
     waiter = threading.Thread(target=lambda: got.append(metrics.wait_final_scrape()))
     waiter.start()
     scraped(metrics)
     waiter.join(5)
     assert got == [True]
+    started = time.monotonic()
     assert metrics.wait_final_scrape() is False  # no scrape comes: given up after 2 x 0.2 s
+    assert time.monotonic() - started < 5
 
 
 def test_the_feed_flags_stragglers_on_hosts_with_a_textfile_only() -> None:
