@@ -83,9 +83,12 @@ def test_prometheus_sees_each_rank_step_the_straggler_and_the_end(cluster2: Clus
     runs = tmp_path / "runs"
     try:
         with prometheus(tmp_path / "prometheus", targets, [ALERTS]) as prom:
-            groups = prom.api("rules")["groups"]
-            assert {r["name"]: r["health"] for g in groups for r in g["rules"]} == {
-                "DdpctlNoStep": "ok", "DdpctlHostQuarantined": "ok"}
+            def rules() -> dict[str, str]:
+                return {r["name"]: r["health"] for g in prom.api("rules")["groups"] for r in g["rules"]}
+
+            wait_for(lambda: rules() == {"DdpctlNoStep": "ok", "DdpctlHostQuarantined": "ok"}, 20,
+                     "the alert rules loaded and evaluated")
+            doctor_sees_the_readers(cluster2, job, dirs, tmp_path)
             up = subprocess.Popen(ddpctl_argv("up", str(job), "--runs-dir", str(runs), "--grace", "3",
                                               "--metrics-port", str(port), *ssh_args(cluster2)),
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -104,6 +107,27 @@ def test_prometheus_sees_each_rank_step_the_straggler_and_the_end(cluster2: Clus
         for proc in exporters:
             proc.terminate()
             proc.wait(10)
+
+
+def doctor_sees_the_readers(cluster: Cluster, job: Path, dirs: list[Path], tmp_path: Path) -> None:
+    """doctor's metrics_dir check, with each host's node_exporter running: both read; then node1's
+    directory missing: a warning for node1 alone, and doctor still passes."""
+    def findings(job_file: Path) -> tuple[int, dict[str | None, tuple[str, str]]]:
+        out = run_ddpctl("doctor", str(job_file), "--json", *ssh_args(cluster), timeout=120)
+        data = json.loads(out.stdout)
+        return out.returncode, {f["host"]: (f["status"], f["message"]) for f in data["findings"]
+                                if f["check"] == "metrics_dir"}
+
+    code, found = findings(job)
+    reads = "is writable by root and node_exporter reads it"
+    assert code == 0 and found == {f"node{i}": ("ok", f"metrics_dir {dirs[i]} {reads}") for i in range(2)}, found
+    missing = tmp_path / "missing"
+    inventory = inventory_with_textfiles(cluster, [dirs[0], missing], tmp_path / "hosts-missing.toml")
+    broken = tmp_path / "job-missing.toml"
+    broken.write_text(job.read_text().replace(str(tmp_path / "hosts.toml"), str(inventory)))
+    code, found = findings(broken)
+    assert code == 0 and found["node0"][0] == "ok" and found["node1"][0] == "warn", found
+    assert found["node1"][1].startswith(f"metrics_dir {missing} does not exist on node1"), found
 
 
 def watch_it_run(prom: Prometheus, port: int, dirs: list[Path]) -> None:
@@ -154,7 +178,7 @@ def after_the_run(prom: Prometheus, dirs: list[Path], summary: dict[str, object]
     assert isinstance(account, dict) and goodput == pytest.approx(account["goodput"], abs=0.02)
     lost = prom.values('ddpctl_run_lost_seconds{kind="straggler"}', "Hostname")
     assert set(lost) == {"node1"} and lost["node1"] > 0
-    wait_for(lambda: not any(d.glob("ddpctl-*.prom") for d in dirs), 30,
+    wait_for(lambda: not [f for d in dirs for f in d.glob("ddpctl-*.prom")], 30,
              "the ended job's textfiles removed after keep_ended")
 
 
