@@ -11,7 +11,6 @@ from inventory.errors import ConfigError
 from inventory.fields import (
     MAX_NPROC_PER_NODE,
     check_keys,
-    describe,
     expect_bool,
     expect_duration,
     expect_env,
@@ -25,6 +24,7 @@ from inventory.fields import (
 from inventory.gpus import VISIBLE, same_devices, show, visible_devices
 from inventory.hostfile import load_hostfile
 from inventory.hostrange import expand_hostnames, is_range_pattern
+from inventory.metrics import read_metrics_dir
 from inventory.model import (
     MAX_KEEP_RUNS,
     MAX_QUARANTINE_WINDOW,
@@ -36,8 +36,6 @@ from inventory.tomlsource import TomlFile, directory_error, join_key, read_toml
 
 INVENTORY_KEYS = ("defaults", "hosts")
 SHARED_KEYS = ("user", "port", "python", "workdir", "gpus", "env", "metrics")  # [defaults] and each [[hosts]]
-METRICS_KEYS = ("textfile_dir",)  # [defaults.metrics] and a host's own metrics table
-METRICS_EXAMPLE = 'metrics = { textfile_dir = "/var/lib/prometheus/node-exporter" }'
 # the inventory's own, not a host's: runs kept, and the quarantine of faulty hosts
 INVENTORY_DEFAULTS = ("keep_runs", "quarantine", "quarantine_after", "quarantine_window")
 DEFAULT_KEYS = (*SHARED_KEYS, *INVENTORY_DEFAULTS)
@@ -155,25 +153,8 @@ def read_settings(
         if "slots" in table
         else None,
         env=expect_env(doc, key("env"), table["env"]) if "env" in table else {},
-        metrics_dir=_metrics_dir(doc, key("metrics"), table["metrics"]) if "metrics" in table else None,
+        metrics_dir=read_metrics_dir(doc, key("metrics"), table["metrics"]) if "metrics" in table else None,
     )
-
-
-def _metrics_dir(doc: TomlFile, key: str, value: object) -> str | None:
-    """A metrics table's textfile_dir: node_exporter's textfile directory on the host, absolute or
-    under the login's home ("~/..."; the host expands it). An empty table gives none."""
-    if not isinstance(value, dict):
-        raise doc.error(key, f"expected a table, got {describe(value)}", f"write {METRICS_EXAMPLE}", value=value)
-    check_keys(doc, key, value, METRICS_KEYS)
-    if "textfile_dir" not in value:
-        return None
-    path_key = join_key(key, "textfile_dir")
-    text = expect_str(doc, path_key, value["textfile_dir"])
-    if not text.startswith(("/", "~/")):
-        raise doc.error(path_key, f'textfile_dir must be an absolute path or start with "~/", got "{text}"',
-                        "give the directory node_exporter's --collector.textfile.directory names, e.g. "
-                        '"/var/lib/prometheus/node-exporter"', value=text)
-    return text
 
 
 def _hosts_of_entry(

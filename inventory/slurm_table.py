@@ -13,13 +13,14 @@ from inventory.fields import (
     expect_str_list,
     expect_token,
 )
+from inventory.metrics import read_metrics_dir
 from inventory.model import Host, Job
 from inventory.sbatch import check_extra_option
 from inventory.specs import DEFAULT_SIGNAL, SIGNAL_FORM, SlurmSpec, time_seconds
 from inventory.tomlsource import Reporter
 
 SLURM_KEYS = ("nodes", "partition", "account", "qos", "time", "gpus_per_node", "cpus_per_task", "mem",
-              "constraint", "python", "extra_sbatch", "setup", "requeue", "signal", "login", "workdir")
+              "constraint", "python", "extra_sbatch", "setup", "requeue", "signal", "login", "workdir", "metrics")
 MAX_NODES = 100_000
 MAX_SIGNAL_LEAD_S = 65535  # Slurm's own bound on --signal's time
 SIGNALS = ("USR1", "USR2", "TERM", "INT", "HUP", "QUIT", "URG")
@@ -62,6 +63,7 @@ def read_slurm(src: Reporter, key: str, table: dict[str, Any]) -> SlurmSpec:
         signal=_signal(src, k("signal"), table["signal"]) if "signal" in table else DEFAULT_SIGNAL,
         login=token("login"),
         workdir=expect_str(src, k("workdir"), table["workdir"]) if "workdir" in table else None,
+        metrics_dir=read_metrics_dir(src, k("metrics"), table["metrics"]) if "metrics" in table else None,
     )
     if spec.python != spec.python.strip() or "\n" in spec.python:
         raise src.error(k("python"), "python has surrounding whitespace or a newline", value=spec.python)
@@ -125,8 +127,8 @@ def _signal(src: Reporter, key: str, value: object) -> str:
 def node_hosts(job: Job, spec: SlurmSpec) -> tuple[Host, ...]:
     """The plan's nodes: node0..node<N-1> in Slurm's task order; their names come at run time."""
     workdir = spec.workdir or str(job.base_dir)
-    return tuple(Host(name=f"node{i}", address=f"node{i}", python=spec.python, workdir=workdir)
-                 for i in range(spec.nodes))
+    return tuple(Host(name=f"node{i}", address=f"node{i}", python=spec.python, workdir=workdir,
+                      metrics_dir=spec.metrics_dir) for i in range(spec.nodes))
 
 
 def nproc_for(job: Job, spec: SlurmSpec) -> int:

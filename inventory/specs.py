@@ -53,6 +53,7 @@ class SlurmSpec:
     login: str | None = None  # run the Slurm commands there over SSH (else: here)
     workdir: str | None = None  # the job's directory on the cluster (default: the job file's)
     exclude: tuple[str, ...] = ()  # nodes a restart leaves out (sbatch --exclude): never from the job file
+    metrics_dir: str | None = None  # [slurm.metrics] textfile_dir: node_exporter's, on every node
 
     @property
     def signal_name(self) -> str:

@@ -257,7 +257,7 @@ class MetricsServer:
             raise ConfigError(f"--metrics-port {port}: cannot serve metrics there ({exc.strerror or exc})",
                               key="metrics.port", hint="give a free port (`ddpctl kill-port PORT` shows who holds "
                               "it), or leave [metrics] port out") from exc
-        self.port = port
+        self.port = int(self.server.server_address[1])  # the one bound (port 0: a free one)
 
     def close(self) -> None:
         self.server.shutdown()

@@ -84,6 +84,10 @@ dist.barrier()
 def test_two_nodes_two_ranks_each_verbatim_args_and_env_off_the_command_line(
         slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
     job = slurm_job(tmp_path, "show", SHOW, TRICKY_ARGS, env={"API_TOKEN": "s3cret-token"})
+    textfiles = tmp_path / "textfiles"  # [slurm.metrics]: each node's series for node_exporter
+    textfiles.mkdir()
+    metrics = f"metrics = {{ textfile_dir = {json.dumps(str(textfiles))} }}\n"
+    job.write_text(job.read_text().replace("[slurm]\n", f"[slurm]\n{metrics}") + "[metrics]\nkeep_ended = 30\n")
     proc = ddpctl(slurm_cluster, "up", str(job), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     ranks = rank_lines(proc.stdout)
@@ -106,6 +110,11 @@ def test_two_nodes_two_ranks_each_verbatim_args_and_env_off_the_command_line(
     assert stat.S_IMODE(request.stat().st_mode) == 0o600 and b"s3cret-token" in request.read_bytes()
     assert "submitted Slurm job" in proc.stderr and f"node0 is {slurm_cluster.nodes[0]}" in proc.stderr
     assert slurm_record(tmp_path)["node_names"] == {f"node{i}": n for i, n in enumerate(slurm_cluster.nodes)}
+    ended = {f.name: f.read_text() for f in textfiles.glob("ddpctl-*.prom")}  # kept 30 s, saying the job ended
+    assert sorted(ended) == [f"ddpctl-{data['job_id']}-node{i}.prom" for i in range(2)], ended
+    for text in ended.values():
+        assert re.search(r'^ddpctl_job_running\{Hostname="[^"]+",job_name="show",.*\} 0$', text, re.M), text
+        assert re.search(r"^ddpctl_job_exit_code\{.*\} 0$", text, re.M), text
 
 
 def test_a_failing_rank_ends_the_job_on_every_node_and_is_named(slurm_cluster: SlurmCluster,

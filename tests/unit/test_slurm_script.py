@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from inventory import load_job
+from inventory import ConfigError, load_job
 from inventory.slurm_table import node_hosts, nproc_for
 from inventory.specs import SlurmSpec
 from node_agent.wire.layout import slurm_state_dir as state_dir
@@ -122,6 +122,19 @@ def test_every_node_reads_one_request_and_takes_its_rank_from_slurm(tmp_path: Pa
     assert request["forward_signals"] == ["USR1"] and request["env"]["API_TOKEN"] == "s3cret"  # type: ignore[index]
     assert request["program"] == ["train.py", "--lr", "0.1"] and request["cwd"] == str(tmp_path)
     assert request["heartbeat_timeout"] == 0  # nobody sends heartbeats: the scheduler's signals stop it
+    assert request["metrics_dir"] == ""  # no [slurm.metrics]: no textfile
+
+
+def test_every_node_writes_its_textfile_where_slurm_metrics_says(tmp_path: Path) -> None:
+    plan = plan_for(tmp_path, '[slurm]\nnodes = 2\nmetrics = { textfile_dir = "/var/lib/prometheus/node-exporter" }\n'
+                    '[metrics]\nevery = "2s"\nkeep_ended = "1m"')
+    assert plan.job.slurm is not None
+    request = batch_request(plan, plan.job.slurm, LaunchOptions())
+    assert (request["metrics_dir"], request["metrics_every"], request["metrics_keep"]) == (
+        "/var/lib/prometheus/node-exporter", 2.0, 60.0)
+    with pytest.raises(ConfigError) as bad:
+        plan_for(tmp_path, '[slurm]\nmetrics = { textfile_dir = "prom" }')
+    assert bad.value.key == "slurm.metrics.textfile_dir" and "absolute path" in str(bad.value)
 
 
 @pytest.mark.parametrize(("show", "code"), [
