@@ -30,7 +30,7 @@ from node_agent.runtime.metrics_file import JobLabels, MetricsFile, gpu_series, 
 from node_agent.wire.replies_top import GpuStat  # noqa: E402
 from orchestrator.account.events import EventLog  # noqa: E402
 from orchestrator.hostops.prom import family  # noqa: E402
-from orchestrator.watch.metrics import MetricsServer, RunMetrics  # noqa: E402
+from orchestrator.watch.run_metrics import MetricsServer, RunMetrics  # noqa: E402
 
 WINDOW = {"steps": 9, "seconds": 2.1, "p50_ms": 231.4, "p95_ms": 260.2,
           "ddp": {"n": 9, "wait_ms": 31.2, "data_ms": 4.9, "compute_ms": 190.3}}

@@ -8,6 +8,7 @@ import functools
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from inventory import ConfigError, Job
 from orchestrator.account import events as ev
@@ -28,8 +29,10 @@ from orchestrator.restarts import detached as detached_restarts
 from orchestrator.restarts import hostledger
 from orchestrator.restarts import loop as restarts
 from orchestrator.watch.factory import standard_monitors
-from orchestrator.watch.metrics import MetricsServer, RunMetrics
 from orchestrator.watch.run_account import add_to_files, close_run, open_run
+
+if TYPE_CHECKING:
+    from orchestrator.watch.run_metrics import RunMetrics
 
 
 @dataclass(frozen=True)
@@ -164,13 +167,19 @@ def served_metrics(job: Job, backend: str, observer: Observer) -> Iterator[RunMe
     if job.metrics.port is None:
         yield None
         return
+    from orchestrator.watch.run_metrics import MetricsServer, RunMetrics  # prometheus-client: ~0.1 s to import
+
     server = MetricsServer(RunMetrics(job, backend), job.metrics.port)
     try:
         yield server.metrics
     finally:
         server.metrics.ended()
-        with contextlib.suppress(KeyboardInterrupt):
-            server.metrics.wait_final_scrape()
+        limit = server.metrics.final_wait()
+        if limit:
+            observer.on_notice(f"metrics: serving the run's last values to Prometheus' next scrape "
+                               f"(at most {limit:.0f} s)")
+            with contextlib.suppress(KeyboardInterrupt):
+                server.metrics.wait_final_scrape(limit)
         server.close()
 
 

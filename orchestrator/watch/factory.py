@@ -9,13 +9,13 @@ from orchestrator.launch.options import LaunchOptions
 from orchestrator.launch.plan import LaunchPlan
 from orchestrator.watch.hang import HangTimeout
 from orchestrator.watch.job_state import Watch
-from orchestrator.watch.metrics import MetricsFeed, RunMetrics
+from orchestrator.watch.metrics import LiveSink, MetricsFeed
 from orchestrator.watch.progress import ProgressWatch
 from orchestrator.watch.rendezvous import RendezvousWatchdog
 from orchestrator.watch.report import ReportWriter
 
 
-def standard_monitors(plan: LaunchPlan, options: LaunchOptions, metrics: RunMetrics | None = None) -> Sequence[Monitor]:
+def standard_monitors(plan: LaunchPlan, options: LaunchOptions, metrics: LiveSink | None = None) -> Sequence[Monitor]:
     """The rendezvous watchdog (ranks that all run through the wrapper, a join timeout: the flag's,
     else the job file's; 0: none), the hang timeout (--hang-timeout), progress/straggler/stall
     watching ([watch]), the report, and the metrics' feed (`metrics`: `up`'s port; hosts with a

@@ -45,3 +45,12 @@ def test_the_command_is_the_first_word_that_is_not_an_option() -> None:
     assert command_named(["--version"]) is None
     assert command_named(["up", "job.toml", "--dry-run"]) == "up"
     assert command_named(["job.toml", "up"]) is None
+
+
+def test_prometheus_client_is_imported_only_where_a_series_is_served_or_written() -> None:
+    """It takes ~0.1 s to import: `up` without a metrics port, and `hosts` without --prom, go without it."""
+    probe = PROBE.replace('m.startswith("orchestrator.commands.")', 'm == "prometheus_client"')
+    for argv in (("--help",), ("up", "--help"), ("hosts", "--help")):
+        out = subprocess.run([sys.executable, "-c", probe, *argv], capture_output=True, text=True, timeout=60,
+                             check=False)
+        assert "MODULES []" in out.stdout, (argv, out.stdout[-500:])
