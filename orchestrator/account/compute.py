@@ -134,9 +134,10 @@ class Account:
         return (name, seconds) if seconds > 0 else None
 
     def to_json(self) -> dict[str, Any]:
-        goodput = self.goodput
+        productive = round(self.productive_s, 3)  # goodput from the figure written: from_json gives it back the same
+        goodput = productive / self.wall_s if self.wall_s > 0 and self.stepped else None
         return {"run_id": self.run_id, "job": self.job, "started": self.started, "ended": self.ended,
-                "wall_s": round(self.wall_s, 3), "productive_s": round(self.productive_s, 3),
+                "wall_s": round(self.wall_s, 3), "productive_s": productive,
                 "goodput": None if goodput is None else round(goodput, 4), "attempts": self.attempts,
                 "outcome": self.outcome, "restarted": self.restarted, "stepped": self.stepped,
                 "parts": [p.to_json() for p in self.parts],

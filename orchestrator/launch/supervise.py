@@ -78,7 +78,7 @@ class Supervision:
         self.timeline = AttemptTimeline(plan, events or EventLog(options.runs_dir / (plan.run_id or plan.job_id)))
         self.monitors = Monitors(monitors, self, CoreHands(observer, self.record, self._stop_failed,
                                                            self.dump_stacks, lambda: backend.reprobe(plan),
-                                                           backend.flag))
+                                                           lambda host, rank, on: backend.flag(host, rank, on)))
 
     @property
     def runs(self) -> Mapping[str, HostRun]:

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from orchestrator.account import events as ev
-from orchestrator.account.compute import Account, account
+from orchestrator.account.compute import Account, Redone, account
 from orchestrator.account.events import Event, EventLog, read
 from orchestrator.account.text import line
 
@@ -194,3 +194,11 @@ def test_two_failures_re_done_say_their_sum_and_no_single_step() -> None:
     assert redone == pytest.approx({"n1": 10, "n2": 4})
     assert got.redone.steps == (90 - 50) + (35 - 20) and got.redone.since_step is None
     assert "4 s re-done)" in line(got) and "since step" not in line(got)
+
+
+@pytest.mark.parametrize(("wall", "productive"), [(47.8612, 11.93265), (1000.0, 249.24951), (3.0, 2.99951)])
+def test_an_account_read_back_from_its_json_says_the_same_goodput(wall: float, productive: float) -> None:
+    """`ddpctl runs` reads accounts back from the ledger's JSON: its goodput is the run's own, to the digit."""
+    written = Account("r1", "train", T0, T0 + wall, productive, (), Redone(False), 1, "ok").to_json()
+    back = Account.from_json(written)
+    assert back.goodput is not None and round(back.goodput, 4) == written["goodput"]
