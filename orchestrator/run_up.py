@@ -149,7 +149,7 @@ def detach(job: Job, pool: HostPool, runner: Backend, request: UpRequest,
 
 def launch(job: Job, pool: HostPool, runner: Backend, request: UpRequest,
            observer: Observer) -> Finished | Restarted:
-    with served_metrics(job, runner.name, observer) as metrics:
+    with served_metrics(job, observer) as metrics:
         monitors = functools.partial(standard_monitors, metrics=metrics)
         budget = request.restart_budget(job)
         if budget > 0:
@@ -160,7 +160,7 @@ def launch(job: Job, pool: HostPool, runner: Backend, request: UpRequest,
 
 
 @contextlib.contextmanager
-def served_metrics(job: Job, backend: str, observer: Observer) -> Iterator[RunMetrics | None]:
+def served_metrics(job: Job, observer: Observer) -> Iterator[RunMetrics | None]:
     """The run's series on [metrics] port (--metrics-port) while it runs: a port that cannot be
     served is a ConfigError before anything starts. After the run, Prometheus is given its next
     scrape of the final values (at most twice its interval)."""
@@ -169,7 +169,7 @@ def served_metrics(job: Job, backend: str, observer: Observer) -> Iterator[RunMe
         return
     from orchestrator.watch.run_metrics import MetricsServer, RunMetrics  # prometheus-client: ~0.1 s to import
 
-    server = MetricsServer(RunMetrics(job, backend), job.metrics.port)
+    server = MetricsServer(RunMetrics(job, job.backend), job.metrics.port)
     try:
         yield server.metrics
     finally:

@@ -167,6 +167,7 @@ def test_the_job_file_page_documents_exactly_the_keys_the_loader_accepts() -> No
               "metrics": metrics.METRICS_KEYS, "sync": sync.SYNC_KEYS, "slurm": slurm_table.SLURM_KEYS}
     assert set(jobfile.JOB_FILE_KEYS) == {*tables, "inventory", "env"}  # a new table needs its rows here
     expected = {f"{table}.{key}" for table, keys in tables.items() for key in keys} | {"inventory"}
+    expected = (expected - {"slurm.metrics"}) | {f"slurm.metrics.{key}" for key in metrics.TEXTFILE_KEYS}  # a table
     documented = documented_keys("job-file.md")
     env_rows = {key for key in documented if key.startswith("env.")}
     assert len(env_rows) == 1, f"one row for [env]'s free-form names, not {sorted(env_rows)}"
@@ -275,7 +276,7 @@ def test_each_documented_inventory_default_is_the_loaders(tmp_path: Path) -> Non
 
 def test_the_cluster_page_documents_exactly_the_inventory_keys() -> None:
     assert set(loading.INVENTORY_KEYS) == {"defaults", "hosts"}
-    tables = {"metrics": loading.METRICS_KEYS}  # a table of a host's: one row per key of it
+    tables = {"metrics": metrics.TEXTFILE_KEYS}  # a table of a host's: one row per key of it
     keys = [f"{k}.{sub}" for k in loading.SHARED_KEYS if k in tables for sub in tables[k]]
     expected = ({f"defaults.{k}" for k in (*loading.DEFAULT_KEYS, *keys) if k not in tables}
                 | {f"hosts.{k}" for k in (*loading.HOST_KEYS, *keys) if k not in tables})
