@@ -26,7 +26,7 @@ from prometheus_client.registry import CollectorRegistry  # noqa: E402
 
 from bench.time_account import week_of_events  # noqa: E402
 from inventory import Host, Inventory, Job  # noqa: E402
-from node_agent.runtime.metrics_file import JobLabels, MetricsFile, gpu_series, job_text, rank_series  # noqa: E402
+from node_agent.runtime.metrics_file import JobLabels, MetricsFile, job_series, job_text  # noqa: E402
 from node_agent.wire.replies_top import GpuStat  # noqa: E402
 from orchestrator.account.events import EventLog  # noqa: E402
 from orchestrator.hostops.prom import family  # noqa: E402
@@ -61,7 +61,7 @@ def host_side(ranks: int, repeat: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         out = MetricsFile(tmp, "job", 3)
         ours = best_of(lambda: out.write(job_text(labels, time.time(), records, {1}, gpus, None)), repeat)
-    series = rank_series(labels, records, {1}) + gpu_series(labels, gpus, None)
+    series = job_series(labels, time.time(), records, {1}, gpus, None)
 
     class Families:
         def collect(self) -> Any:

@@ -100,10 +100,10 @@ def gpu_series(labels: JobLabels, gpus: Sequence[GpuStat],
             ("ddpctl_gpu_memory_used_bytes", memory)]
 
 
-def job_text(labels: JobLabels, started: float, records: Mapping[str, Mapping[str, Any]], stragglers: Set[int],
-             gpus: Sequence[GpuStat] = (), select: Optional[Sequence[str]] = None,
-             ended: Optional[float] = None, exit_code: Optional[int] = None) -> str:
-    """The whole file: the job, its ranks and its GPUs; once `ended`, the end time and exit code."""
+def job_series(labels: JobLabels, started: float, records: Mapping[str, Mapping[str, Any]], stragglers: Set[int],
+               gpus: Sequence[GpuStat] = (), select: Optional[Sequence[str]] = None, ended: Optional[float] = None,
+               exit_code: Optional[int] = None) -> List[Tuple[str, List[Tuple[Dict[str, str], float]]]]:
+    """The job, its ranks and its GPUs; once `ended`, the end time and exit code (and no GPUs)."""
     base = labels.base
     series = [("ddpctl_job_info", [(labels.info, 1.0)]),
               ("ddpctl_job_running", [(base, 0.0 if ended is not None else 1.0)]),
@@ -112,8 +112,15 @@ def job_text(labels: JobLabels, started: float, records: Mapping[str, Mapping[st
         series.append(("ddpctl_job_end_timestamp_seconds", [(base, ended)]))
         if exit_code is not None:
             series.append(("ddpctl_job_exit_code", [(base, float(exit_code))]))
-    return exposition(series + rank_series(labels, records, stragglers) +
-                      ([] if ended is not None else gpu_series(labels, gpus, select)))
+    return series + rank_series(labels, records, stragglers) + \
+        ([] if ended is not None else gpu_series(labels, gpus, select))
+
+
+def job_text(labels: JobLabels, started: float, records: Mapping[str, Mapping[str, Any]], stragglers: Set[int],
+             gpus: Sequence[GpuStat] = (), select: Optional[Sequence[str]] = None,
+             ended: Optional[float] = None, exit_code: Optional[int] = None) -> str:
+    """The whole file (job_series in Prometheus' text format)."""
+    return exposition(job_series(labels, started, records, stragglers, gpus, select, ended, exit_code))
 
 
 class MetricsFile:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from prometheus_client import start_http_server
 from prometheus_client.core import Metric
@@ -24,7 +24,8 @@ from orchestrator.hostops.hostbook import screen
 from orchestrator.hostops.prom import family
 from orchestrator.watch.metrics import Live
 
-ACCOUNT_EVERY = 5.0  # the account is computed again at most this often (a week's run: ~1.6 s)
+ACCOUNT_EVERY = 5.0  # the account is computed again at most this often...
+ACCOUNT_SHARE = 0.1  # ...and at most this share of the time (a week's run takes ~1 s: every 10 s)
 FINAL_SCRAPE_MAX = 30.0  # after the run, `up` waits for Prometheus' next scrape at most this long
 HOST_STATES = ("running", "lost", "out", "spare", "suspect", "quarantined")
 
@@ -32,7 +33,8 @@ HOST_STATES = ("running", "lost", "out", "spare", "suspect", "quarantined")
 @dataclass(frozen=True)
 class Reading:
     """What the run's events and the host ledger say as of `at` (read again at most every
-    ACCOUNT_EVERY seconds, outside the lock: a long run's account takes a second or two)."""
+    ACCOUNT_EVERY seconds, and at most ACCOUNT_SHARE of the time: a week's account takes a second;
+    outside the lock)."""
 
     at: float
     account: Account | None = None
@@ -40,6 +42,7 @@ class Reading:
     attempt_hosts: tuple[str, ...] | None = None  # None: the events do not say (the job's hosts)
     restarts: dict[str, int] = field(default_factory=dict)  # cause -> restarts charged to it
     ledger: dict[str, set[str]] = field(default_factory=dict)  # host -> suspect / quarantined
+    took: float = 0.0  # seconds it took to read
 
 
 def read_run(events: Sequence[ev.Event], job: Job, now: float) -> Reading:
@@ -87,8 +90,10 @@ class RunMetrics(Collector):
         with self.lock:
             now, log, reading = self.clock(), self.events, self.reading
             live, running, run = self.live, self.running, [self.job.name, self.run_id]
-        if reading is None or now - reading.at >= ACCOUNT_EVERY or not running:
+        if reading is None or now - reading.at >= max(ACCOUNT_EVERY, reading.took / ACCOUNT_SHARE) or not running:
+            started = time.perf_counter()
             reading = read_run(log.events() if log is not None else [], self.job, now)
+            reading = replace(reading, took=time.perf_counter() - started)
             with self.lock:
                 self.reading = reading
         families = self._families(run, reading, live, running)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import socket
 import threading
 import urllib.request
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -128,3 +129,21 @@ def test_the_feed_flags_stragglers_on_hosts_with_a_textfile_only() -> None:
     assert list(feed.on_tick(None)) == []  # type: ignore[arg-type]
     del watch.episodes[("node0", 1)]
     assert list(feed.on_tick(None)) == [Flag("node0", 1, False)]  # type: ignore[arg-type]
+
+
+def test_a_slow_account_is_read_again_at_most_a_tenth_of_the_time(tmp_path: Path) -> None:
+    """A week's account takes about a second: scrapes meanwhile reuse the last reading."""
+    log = EventLog(tmp_path)
+    for e in LOST_HOST[:3]:
+        log.add(e.kind, e.t, attempt=e.attempt, host=e.host, cause=e.cause, step=e.step, **e.extra)
+    now = [T0 + 10.0]
+    metrics = RunMetrics(job(), "ssh", clock=lambda: now[0])
+    metrics.attach(log, "r1")
+    scraped(metrics)
+    assert metrics.reading is not None
+    metrics.reading = replace(metrics.reading, took=2.0)  # as if it had taken 2 s
+    log.add("restart", T0 + 11, attempt=1, cause="lost")
+    now[0] = T0 + 25.0  # 15 s later: past ACCOUNT_EVERY, within 10 x 2 s
+    assert not [k for k in samples(scraped(metrics)) if k[0] == "ddpctl_run_restarts_total"]
+    now[0] = T0 + 31.0
+    assert value(samples(scraped(metrics)), "ddpctl_run_restarts_total", reason="lost") == 1
