@@ -116,7 +116,8 @@ class Supervisor:
         self.index: Any = None
         self.stragglers: Set[int] = set()  # local ranks `ddpctl up` names stragglers now (STRAGGLER words)
         self.gpus: Tuple[Tuple[GpuStat, ...], Optional[Tuple[str, ...]]] = ((), None)  # the last sample, its selection
-        self.over = threading.Event()  # torchrun has exited
+        self.over = threading.Event()  # torchrun has exited...
+        self.ended_at: Optional[float] = None  # ...at this time.time()
         self.metrics = MetricsFile(request.metrics_dir, self.job_id, self.node_rank) if request.metrics_dir else None
 
     def argv(self) -> List[str]:
@@ -374,7 +375,7 @@ class Supervisor:
     def metrics_text(self, exit_code: Optional[int] = None) -> str:
         labels = JobLabels(socket.gethostname(), self.request.job_name or self.job_id,
                            self.request.run_id or self.job_id, self.job_id, self.node_rank, self.attempt())
-        ended = time.time() if self.over.is_set() else None
+        ended = self.ended_at if self.over.is_set() else None
         return job_text(labels, float(self.started["started_at"]), dict(self.rank_records), set(self.stragglers),
                         self.gpus[0], self.gpus[1], ended, exit_code)
 
@@ -519,6 +520,7 @@ class Supervisor:
             self._thread(self.watch_checkpoints, checkpoints)
         metrics = self._thread(self.watch_metrics) if self.metrics is not None else None
         code = self.proc.wait()
+        self.ended_at = time.time()
         self.over.set()
         if self.aborted and code == -signal.SIGKILL:
             code = 1  # as torchrun itself exits when a rank fails

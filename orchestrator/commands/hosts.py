@@ -46,13 +46,13 @@ def hosts_command(inventory: InventoryOpt = None, release: ReleaseOpt = None, as
 
     \b
     Examples:
-      ddpctl hosts --prom /var/lib/prometheus/node-exporter/ddpctl.prom
+      ddpctl hosts --prom /var/lib/prometheus/node-exporter/ddpctl-hosts.prom
       ddpctl hosts -i hosts.toml --release node1 --check   # back in, once it passes
     """
     inv = load_inventory(inventory) if inventory is not None else None
     if release is not None and prom is not None:
         raise ConfigError("--prom goes without --release", key="--prom",
-                          hint="release first, then: ddpctl hosts --prom ddpctl.prom")
+                          hint="release first, then: ddpctl hosts --prom ddpctl-hosts.prom")
     if check:
         if release is None or inv is None:
             raise ConfigError("--check goes with --release HOST and -i <inventory>", key="--check",
@@ -89,7 +89,7 @@ def write_prom(path: Path, view: HostsView) -> str:
 
     if path.suffix != ".prom":
         print_warnings([f"node_exporter's textfile collector reads only *.prom files, not {path.name}"])
-    with writing(path, "--prom", "--prom /var/lib/prometheus/node-exporter/ddpctl.prom"):
+    with writing(path, "--prom", "--prom /var/lib/prometheus/node-exporter/ddpctl-hosts.prom"):
         write_textfile(path, ledger_families(view))
     hosts = f"{len(view.rows)} host{'s' if len(view.rows) != 1 else ''}"
     return f"wrote {path}: the state, host faults and cost in {duration(view.policy.window)} of {hosts}"
