@@ -75,11 +75,12 @@ def test_prometheus_sees_each_rank_step_the_straggler_and_the_end(cluster2: Clus
     control.chmod(0o755)
     exporters = [cluster2.exec_in(i, node_exporter_argv(dirs[i], cluster2.hosts[i].address, EXPORTER_PORT),
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for i in range(2)]
-    exporters.append(subprocess.Popen(node_exporter_argv(control, cluster2.bridge_address, EXPORTER_PORT),
+    control_port = free_port(cluster2.bridge_address)  # this machine may run a node_exporter of its own on 9100
+    exporters.append(subprocess.Popen(node_exporter_argv(control, cluster2.bridge_address, control_port),
                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
     port = free_port()
     targets = {"node": [f"{h.address}:{EXPORTER_PORT}" for h in cluster2.hosts],
-               "control": [f"{cluster2.bridge_address}:{EXPORTER_PORT}"], "ddpctl": [f"127.0.0.1:{port}"]}
+               "control": [f"{cluster2.bridge_address}:{control_port}"], "ddpctl": [f"127.0.0.1:{port}"]}
     runs = tmp_path / "runs"
     try:
         with prometheus(tmp_path / "prometheus", targets, [ALERTS]) as prom:
