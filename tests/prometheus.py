@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pytest
+from tests.required import missing
 
 PROMETHEUS = "/usr/bin/prometheus"
 NODE_EXPORTER = "/usr/bin/prometheus-node-exporter"
@@ -27,12 +27,15 @@ PROMTOOL = "/usr/bin/promtool"
 
 def require(*binaries: str) -> None:
     """Skip where a binary is missing; under DDPCTL_REQUIRE_CLUSTER=1 (CI), fail instead."""
-    missing = [b for b in binaries if not os.access(b, os.X_OK)]
-    if missing:
-        message = f"not installed: {', '.join(missing)} (Debian: prometheus prometheus-node-exporter)"
-        if os.environ.get("DDPCTL_REQUIRE_CLUSTER") == "1":
-            pytest.fail(message)
-        pytest.skip(message)
+    absent = [b for b in binaries if not os.access(b, os.X_OK)]
+    if absent:
+        missing(f"not installed: {', '.join(absent)} (Debian: prometheus prometheus-node-exporter)")
+
+
+def promtool() -> str:
+    """promtool's path (Debian's prometheus package), or the test skipped (failed in CI)."""
+    require(PROMTOOL)
+    return PROMTOOL
 
 
 def free_port(address: str = "0.0.0.0") -> int:
@@ -43,7 +46,7 @@ def free_port(address: str = "0.0.0.0") -> int:
 
 def promtool_check_metrics(text: str) -> str:
     """promtool's complaints about an exposition ("" when it has none)."""
-    checked = subprocess.run([PROMTOOL, "check", "metrics"], input=text, capture_output=True, text=True, check=False)
+    checked = subprocess.run([promtool(), "check", "metrics"], input=text, capture_output=True, text=True, check=False)
     return "" if checked.returncode == 0 and not checked.stdout.strip() else checked.stdout + checked.stderr
 
 

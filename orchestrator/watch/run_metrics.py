@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -50,7 +51,7 @@ def read_run(events: Sequence[ev.Event], job: Job, now: float) -> Reading:
     hosts = attempts[-1].get("hosts") if attempts else None
     return Reading(now, account(events, now) if events else None, (attempts[-1].attempt or 0) if attempts else 0,
                    tuple(str(h) for h in hosts) if isinstance(hosts, list) else None,
-                   _count(e.cause or "unknown" for e in events if e.kind == ev.RESTART), _ledger(job))
+                   dict(Counter(e.cause or "unknown" for e in events if e.kind == ev.RESTART)), _ledger(job))
 
 
 class RunMetrics(Collector):
@@ -175,13 +176,6 @@ def _ledger(job: Job) -> dict[str, set[str]]:
     for name in found.suspect:
         out.setdefault(name, set()).add("suspect")
     return out
-
-
-def _count(values: Iterable[str]) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for value in values:
-        counts[value] = counts.get(value, 0) + 1
-    return counts
 
 
 def _host_states(job: Job, attempt_hosts: tuple[str, ...] | None, lost: set[str],

@@ -5,7 +5,6 @@ DDPCTL_REQUIRE_CLUSTER=1, CI, a missing promtool fails); and `family`, every dec
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -20,7 +19,7 @@ from node_agent.wire.metrics import METRICS, MetricName
 from orchestrator.hostops.ledger import Ledger, Note, Sighting
 from orchestrator.hostops.prom import family, write_textfile
 from orchestrator.hostops.quarantine import EventKind
-from tests.required import missing
+from tests.prometheus import promtool
 
 Series = dict[tuple[str, tuple[tuple[str, str], ...]], float]  # (name, sorted labels) -> value
 
@@ -96,13 +95,6 @@ def test_two_hosts_of_one_name_are_two_series(tmp_path: Path) -> None:
     assert hosts("--prom", str(path))[0] == 0
     names = {dict(labels)["Hostname"] for name, labels in series(path) if name == "ddpctl_host_faults"}
     assert names == {"node0", "node1 198.18.0.11", "node1 10.0.0.5"}
-
-
-def promtool() -> str:
-    found = shutil.which("promtool") or shutil.which("/usr/bin/promtool")  # Debian's prometheus package
-    if found is not None:
-        return found
-    missing("no promtool (apt-get install prometheus)")
 
 
 @pytest.mark.parametrize("seeded", [True, False], ids=["hosts", "empty-ledger"])

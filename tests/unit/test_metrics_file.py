@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -22,6 +20,7 @@ from node_agent.runtime.metrics_file import JobLabels, MetricsFile, file_name, j
 from node_agent.wire.replies_top import GpuStat
 from orchestrator.remote.agent import start_agent
 from orchestrator.remote.transport import LocalTransport
+from tests.prometheus import promtool_check_metrics
 from tests.unit.test_supervisor import wait_until
 
 LABELS = JobLabels("gpu-07", 'train "big"', "run-1", "job-1", 1, 2)
@@ -47,13 +46,8 @@ def value(parsed: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str
 
 
 def promtool_ok(text: str) -> None:
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        if os.environ.get("DDPCTL_REQUIRE_CLUSTER") == "1":
-            pytest.fail("promtool is not installed (Debian: prometheus)")
-        return
-    checked = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True, check=False)
-    assert checked.returncode == 0 and not checked.stdout.strip(), checked.stdout + checked.stderr
+    complaints = promtool_check_metrics(text)
+    assert complaints == "", complaints
 
 
 def test_a_running_job_its_ranks_and_gpus() -> None:
