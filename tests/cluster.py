@@ -94,7 +94,10 @@ class Cluster:
     test_password: str = field(default_factory=lambda: f"pw {secrets.token_hex(8)} $;'\"")
     test_uid: int = 0
     _hostnames: list[str] = field(default_factory=list)
-    _unlisted: set[int] = field(default_factory=set)  # hosts whose hostname /etc/hosts leaves out
+    # hosts whose hostname /etc/hosts leaves out: every host's unless start_cluster's `resolvable`
+    # lists it (bare-metal and cloud hosts with DHCP names are so; a test that needs a name to
+    # resolve says so)
+    _unlisted: set[int] = field(default_factory=set)
     _auth_files: list[Path] = field(default_factory=list)
     _procs: list[subprocess.Popen[Any]] = field(default_factory=list)
     _torn_down: bool = False
@@ -193,10 +196,11 @@ class Cluster:
                                     self.test_password, ROOT_HOME)
 
     def _write_name_resolution(self) -> None:
-        """Each host resolves every host's name, as a real cluster does (c10d and gloo look their
-        own hostname up): `ip netns exec` bind-mounts /etc/netns/<ns>/* over /etc/*. DNS goes to
-        the namespace's own loopback, where nothing answers: an unknown name fails at once, and no
-        query leaves the namespace."""
+        """Each host resolves the names of the hosts `resolvable` lists (by default none, its own
+        included: c10d, gloo and torchrun --standalone look a host's own name up, and a test
+        cluster that made every name resolve hid it): `ip netns exec` bind-mounts
+        /etc/netns/<ns>/* over /etc/*. DNS goes to the namespace's own loopback, where nothing
+        answers: an unknown name fails at once, and no query leaves the namespace."""
         table = "127.0.0.1 localhost\n::1 localhost\n" + "".join(
             f"{h.address} {self._hostnames[i]}\n" for i, h in enumerate(self.hosts) if i not in self._unlisted)
         for h in self.hosts:
@@ -298,6 +302,10 @@ class Cluster:
         """Give host `i` the hostname `name` that no host (itself included) can resolve."""
         self._unlisted.add(i)
         self.set_hostname(i, name)
+
+    def resolves(self, i: int) -> bool:
+        """Whether the hosts resolve host `i`'s hostname (start_cluster's `resolvable`)."""
+        return i not in self._unlisted
 
     def unauthorize_key(self, i: int) -> None:
         """Make host `i` refuse the cluster key: an empty AuthorizedKeysFile, sshd restarted."""
@@ -404,7 +412,8 @@ def _free_uid() -> int:
 
 
 def _plan(prefix: str, workdir: Path, n: int, network: ipaddress.IPv4Network,
-          port: int, private: Collection[int], password_login: Collection[int]) -> Cluster:
+          port: int, private: Collection[int], password_login: Collection[int],
+          resolvable: Collection[int]) -> Cluster:
     hosts = [
         ClusterHost(name=f"node{i}", address=str(network.network_address + 10 + i),
                     netns=f"{prefix}-n{i}", veth=f"{prefix}-v{i}",
@@ -417,6 +426,7 @@ def _plan(prefix: str, workdir: Path, n: int, network: ipaddress.IPv4Network,
     cluster = Cluster(prefix=prefix, workdir=workdir, network=network, hosts=hosts, port=port,
                       test_uid=_free_uid() if private else 0)
     cluster._hostnames = [h.name for h in hosts]
+    cluster._unlisted = set(range(n)) - set(resolvable)
     cluster._auth_files = [cluster.authorized_keys] * n
     return cluster
 
@@ -432,9 +442,11 @@ def _register(cluster: Cluster) -> None:
 
 
 def _check_request(n: int, prefix: str, port: int, private: Collection[int],
-                   password_login: Collection[int]) -> None:
+                   password_login: Collection[int], resolvable: Collection[int]) -> None:
     if not 1 <= n <= MAX_HOSTS:
         raise ClusterError(f"start_cluster(n={n}): n must be between 1 and {MAX_HOSTS}")
+    if not set(resolvable) <= set(range(n)):
+        raise ClusterError(f"resolvable={sorted(resolvable)}: hosts are 0..{n - 1}")
     if not set(private) <= set(range(n)):
         raise ClusterError(f"private={sorted(private)}: hosts are 0..{n - 1}")
     if not set(password_login) <= set(private):
@@ -457,8 +469,14 @@ def require_cluster() -> None:
 
 def start_cluster(n: int, workdir: Path, prefix: str | None = None, port: int = 22,
                   private: bool | Collection[int] = False,
-                  password_login: Collection[int] = ()) -> Cluster:
+                  password_login: Collection[int] = (),
+                  resolvable: bool | Collection[int] = ()) -> Cluster:
     """Bring up `n` hosts node0..node{n-1}, each with its own namespace, address and sshd.
+
+    The hosts' names resolve nowhere, as on bare-metal and cloud hosts with DHCP names: no host
+    (itself included) finds `nodeI` in its /etc/hosts or DNS; the inventory reaches each host by
+    address. `resolvable` (True: all, or host indices) writes those hosts' names into every host's
+    /etc/hosts, for a test about a cluster whose names resolve.
 
     By default the hosts share this machine's filesystem (an NFS cluster). `private` (True: all,
     or host indices) gives hosts their own mount namespace instead: /srv is a fresh tmpfs that
@@ -484,13 +502,14 @@ def start_cluster(n: int, workdir: Path, prefix: str | None = None, port: int = 
         raise ClusterError(reason)
     prefix = prefix or f"dd{secrets.token_hex(2)}"
     private = set(range(n)) if private is True else set(private or ())
-    _check_request(n, prefix, port, private, password_login)
+    resolvable = set(range(n)) if resolvable is True else set(resolvable or ())
+    _check_request(n, prefix, port, private, password_login, resolvable)
     workdir = Path(workdir).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
     with registry_lock():
         reap_stale_clusters()
-        cluster = _plan(prefix, workdir, n, pick_network(), port, private, set(password_login))
+        cluster = _plan(prefix, workdir, n, pick_network(), port, private, set(password_login), resolvable)
         _register(cluster)
         try:
             if n >= NEIGH_FROM_HOSTS:

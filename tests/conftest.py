@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 
 import pytest
@@ -45,9 +45,9 @@ def make_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[
     """A factory of fresh clusters for one test, all torn down when it ends."""
     started: list[Cluster] = []
 
-    def make(n: int) -> Cluster:
+    def make(n: int, resolvable: bool | Collection[int] = ()) -> Cluster:
         require_cluster()
-        started.append(start_cluster(n, tmp_path_factory.mktemp(f"cluster{n}-")))
+        started.append(start_cluster(n, tmp_path_factory.mktemp(f"cluster{n}-"), resolvable=resolvable))
         return started[-1]
 
     yield make

@@ -184,6 +184,18 @@ def test_set_hostname_changes_what_the_host_reports(make_cluster: MakeCluster) -
     assert cluster.hostname(0) == "renamed-host"
 
 
+def test_names_resolve_nowhere_unless_the_test_says_so(make_cluster: Callable[..., Cluster]) -> None:
+    """The default cluster is the harder one: no host resolves any host's name, its own included
+    (a cluster that made them resolve hid issue 54); `resolvable` lists the hosts whose do."""
+    cluster = make_cluster(2, resolvable=[1])
+    assert not cluster.resolves(0) and cluster.resolves(1)
+    for i in range(2):
+        assert cluster.run_in(i, ["getent", "hosts", "node0"]).returncode != 0
+        assert cluster.run_in(i, ["getent", "hosts", "node1"]).stdout.split()[:1] == [cluster.hosts[1].address]
+    own = cluster.run_in(0, ["python3", "-c", "import socket; socket.getaddrinfo(socket.gethostname(), None)"])
+    assert own.returncode != 0 and "gaierror" in own.stderr, own.stderr
+
+
 def test_link_down_makes_a_host_unreachable_until_link_up(make_cluster: MakeCluster) -> None:
     cluster = make_cluster(1)
     cluster.link_down(0)
