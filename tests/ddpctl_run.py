@@ -35,7 +35,9 @@ def write_job(directory: Path, cluster: Cluster | None, name: str, args: Sequenc
     if hosts is not None:
         lines.append(f"hosts = {json.dumps(list(hosts))}")
     lines += ["[rendezvous]", f"master_port = {json.dumps(port)}", f"backend = {json.dumps(backend)}", "[env]"]
-    base = {"GLOO_SOCKET_IFNAME": "eth0" if cluster else "lo"}
+    # On the cluster the job names no interface, as a new user's would: ddpctl picks it where the
+    # host's name does not resolve (the cluster's default). Here, loopback.
+    base = {} if cluster else {"GLOO_SOCKET_IFNAME": "lo"}
     lines += [f"{k} = {json.dumps(v)}" for k, v in {**base, **(env or {})}.items()]
     path = directory / f"{name}.toml"
     path.write_text("\n".join(lines) + "\n")

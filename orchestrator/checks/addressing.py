@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from node_agent.host.ifname import is_suspicious, nccl_auto_pick
+from orchestrator.checks.model import DoctorContext
 from orchestrator.remote.wire import HostFacts, InterfaceFact, MasterRoute, ResolvedAddress, TableRoute
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -138,6 +139,11 @@ class Addressing:
     picked: str = ""  # how ddpctl chose master_addr ("" where the job or inventory named it)
     dial: Mapping[str, str] = field(default_factory=dict)  # host -> the address its peers dial
     routes: Mapping[str, Route] = field(default_factory=dict)  # host -> its route to the master
+    # host -> the address of its own that it reported (its source toward the master; the master's,
+    # master_addr as the hosts resolved or ddpctl picked it): what torchrun's c10d rendezvous is
+    # given as the host's address (--local-addr) instead of looking the host's name up. A host
+    # that reported none (its dial address is the inventory's) is not here.
+    own: Mapping[str, str] = field(default_factory=dict)
 
 
 def pick_master_address(master: HostNet, others: Mapping[str, HostNet]) -> str | None:
@@ -184,6 +190,7 @@ def plan_addressing(hosts: Sequence[str], master: str, master_addr: str, given: 
         target = resolved.most_common(1)[0][0] if resolved else chosen or master_addr
     dial: dict[str, str] = {}
     routes: dict[str, Route] = {}
+    own: dict[str, str] = {}
     for host in hosts:
         net = nets.get(host, HostNet())
         route = net.route(net.master_ip or target) if given else net.route(target)
@@ -197,7 +204,22 @@ def plan_addressing(hosts: Sequence[str], master: str, master_addr: str, given: 
             dial[host] = route.src
         else:
             dial[host] = fallback.get(host, host)
-    return Addressing(master_addr, picked, dial, routes)
+            continue
+        if _ip(dial[host]) is not None and not is_loopback(dial[host]):
+            own[host] = dial[host]
+    return Addressing(master_addr, picked, dial, routes, own)
+
+
+def addressing_of(ctx: DoctorContext, nets: Mapping[str, HostNet]) -> Addressing:
+    """master_addr and every host's dial address, from what the hosts reported (one rule for the
+    probe round, the checks and the launch)."""
+    return plan_addressing([h.name for h in ctx.hosts], ctx.master.name, ctx.master_addr, ctx.master_given,
+                           nets, {h.name: h.address for h in ctx.hosts})
+
+
+def facts_addressing(ctx: DoctorContext, facts: Mapping[str, HostFacts]) -> Addressing:
+    """addressing_of the hosts' facts (the tables their facts carry)."""
+    return addressing_of(ctx, {name: net_of(hf) for name, hf in facts.items()})
 
 
 # -- interfaces ----------------------------------------------------------------------------------

@@ -19,9 +19,9 @@ from orchestrator.checks.addressing import (
     Addressing,
     HostNet,
     PickedInterfaces,
-    net_of,
+    addressing_of,
+    facts_addressing,
     pick_interfaces,
-    plan_addressing,
 )
 from orchestrator.checks.model import DoctorContext, ProbeOutcome, ProbeResults
 from orchestrator.checks.probeplan import dial_plan
@@ -191,19 +191,12 @@ class Target:
     purpose: str
 
 
-def addressing_of(ctx: DoctorContext, nets: Mapping[str, HostNet]) -> Addressing:
-    """master_addr and every host's dial address, from what the hosts reported (one rule for the
-    probe round, the checks and the launch: doctor/addressing.py)."""
-    return plan_addressing([h.name for h in ctx.hosts], ctx.master.name, ctx.master_addr, ctx.master_given,
-                           nets, {h.name: h.address for h in ctx.hosts})
-
-
 def settle_addressing(ctx: DoctorContext, facts: Mapping[str, HostFacts]
                       ) -> tuple[DoctorContext, dict[str, HostFacts], Addressing]:
     """The addressing the probe round used, from the facts (the same tables), and the context and
     facts the checks read: where ddpctl picked master_addr, the context names it and each host's
     facts carry its route there as if the host had resolved it."""
-    addressing = addressing_of(ctx, {name: net_of(hf) for name, hf in facts.items()})
+    addressing = facts_addressing(ctx, facts)
     if ctx.master_given or not addressing.picked:  # named, or nothing to pick from: as it was
         return ctx, dict(facts), addressing
     ctx = replace(ctx, master_addr=addressing.master_addr, master_picked=addressing.picked)

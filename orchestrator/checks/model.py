@@ -81,7 +81,10 @@ class DoctorContext:
     nproc_per_node: object = 1  # the job's ("gpu" asks every host for GPUs)
     # what decides each host's process count, where a job gives it (its slots may differ per host)
     nprocs: Mapping[str, HostNproc] = field(default_factory=dict)
-    rdzv_backend: str = "static"  # "c10d" looks every host's own hostname up
+    rdzv_backend: str = "static"  # "c10d" looks every host's own hostname up ...
+    # ... unless the launch gives torchrun each host's address (--local-addr: up does, from the
+    # address the host reported, addressing.Addressing.own; a Slurm batch script does not)
+    gives_local_addr: bool = False
     connect_timeout_s: float = 4.0  # the probe's bound per pair, retries included
     timeout_s: float = 120.0
     use_cache: bool = True  # hosts may reuse torch facts cached under an exact key

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from inventory.fields import is_ip_address
-from orchestrator.checks.addressing import is_loopback, suggest_master
+from orchestrator.checks.addressing import facts_addressing, is_loopback, suggest_master
 from orchestrator.checks.base import fail, majority, ok, warn
 from orchestrator.checks.model import Finding, Observations
 from orchestrator.checks.spec import CheckSpec, Runs, implements
@@ -93,14 +93,17 @@ def master_is_here(obs: Observations, local_only: bool) -> list[Finding]:
 
 
 def own_hostname(obs: Observations, local_only: bool) -> list[Finding]:
-    """c10d's rendezvous looks each host's own hostname up (and hands it to the workers): a
-    hostname that does not resolve fails the launch with `Temporary failure in name resolution`."""
+    """c10d's rendezvous looks each host's own hostname up (and hands it to the workers) unless
+    torchrun is given the host's address: a hostname that does not resolve fails the launch with
+    `Temporary failure in name resolution`. `up` gives each host the address it reported
+    (addressing.Addressing.own), so only a host that reported none needs its name to resolve."""
     if obs.ctx.rdzv_backend != "c10d" or local_only:
         return []
+    given = facts_addressing(obs.ctx, obs.facts).own if obs.ctx.gives_local_addr else {}
     out = []
     by_name = {h.name: h for h in obs.ctx.hosts}
     for host, hf in obs.facts.items():
-        if not hf.ran("hostname_resolution") or hf.facts.hostname_resolution:
+        if host in given or not hf.ran("hostname_resolution") or hf.facts.hostname_resolution:
             continue
         hostname = hf.facts.hostname or host
         address = hf.route_source or (by_name[host].address if host in by_name else host)

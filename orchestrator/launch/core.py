@@ -37,7 +37,7 @@ def plan_job(job: Job, backend: Backend, options: LaunchOptions | None = None, *
     if resolved.hosts is not None:
         job = replace(job, hosts=resolved.hosts)
     return build_plan(job, job_id or new_job_id(job.name), resolved.nprocs, resolved.master_port, inline,
-                      master_addr=resolved.master_addr, picked_env=resolved.env)
+                      master_addr=resolved.master_addr, picked_env=resolved.env, local_addrs=resolved.local_addrs)
 
 
 def run_plan(plan: LaunchPlan, backend: Backend, observer: Observer,

@@ -107,7 +107,12 @@ def program_argv(job: Job, host: Host, inline: InlineProgram | None = None) -> l
 
 
 def launcher_argv(job: Job, host: Host, node_rank: int, nproc: int, master_addr: str,
-                  master_port: int, job_id: str, inline: bool = False, per_host: bool = False) -> list[str]:
+                  master_port: int, job_id: str, inline: bool = False, per_host: bool = False,
+                  local_addr: str | None = None) -> list[str]:
+    """torchrun's argv up to the program. `local_addr`: the host's own address for the c10d
+    rendezvous (torchrun --local-addr), which otherwise looks the host's name up and hands it to
+    the other hosts: a name that resolves nowhere, or to loopback, hangs the launch. Node 0 holds
+    the c10d rendezvous store (the endpoint is the master's address)."""
     argv = [host.python, "-m", "torch.distributed.run", "--nnodes", "1" if per_host else str(len(job.hosts)),
             "--nproc-per-node", str(nproc)]
     if per_host:  # a world of its own on each host: no host waits for another to start
@@ -119,6 +124,10 @@ def launcher_argv(job: Job, host: Host, node_rank: int, nproc: int, master_addr:
     elif job.rendezvous.backend == "c10d":
         argv += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"{_bracket(master_addr)}:{master_port}",
                  "--rdzv-id", job_id]
+        # which host holds the rendezvous store, said rather than guessed (torch matches the
+        # endpoint against the host's own name, looked up: a name that resolves nowhere fails)
+        argv += ["--rdzv-conf", f"is_host={int(node_rank == 0)}"]
+        argv += ["--local-addr", local_addr] if local_addr else []
     else:
         argv += ["--node-rank", str(node_rank), "--master-addr", master_addr,
                  "--master-port", str(master_port)]
@@ -127,6 +136,14 @@ def launcher_argv(job: Job, host: Host, node_rank: int, nproc: int, master_addr:
     if inline:
         argv.append("--no-python")
     return argv
+
+
+def _local_addr(job: Job, host: Host, local_only: bool, given: Mapping[str, str] | None) -> str | None:
+    """The address a host's c10d rendezvous gives for it: the one it reported (`given`), or
+    loopback where no other host dials it (this machine's hosts only, or one host)."""
+    if given and host.name in given:
+        return given[host.name]
+    return "127.0.0.1" if local_only or len(job.hosts) == 1 else None
 
 
 def _bracket(addr: str) -> str:
@@ -160,12 +177,15 @@ def per_host_env(node_rank: int, nnodes: int, master_addr: str, master_port: int
 
 def build_plan(job: Job, job_id: str, nprocs: Mapping[str, int], master_port: int,
                inline: InlineProgram | None = None, *, master_addr: str | None = None,
-               picked_env: Mapping[str, Mapping[str, str]] | None = None) -> LaunchPlan:
+               picked_env: Mapping[str, Mapping[str, str]] | None = None,
+               local_addrs: Mapping[str, str] | None = None) -> LaunchPlan:
     """One HostLaunch per selected host, in node-rank order. `nprocs` is resolved per host;
-    `inline` replaces the job's script with a program shipped on the command line; `master_addr`
-    and `picked_env` (per host) are what the hosts' routes settled (doctor/addressing.py)."""
+    `inline` replaces the job's script with a program shipped on the command line; `master_addr`,
+    `picked_env` and `local_addrs` (per host: the address it reported, checks/addressing.py
+    Addressing.own) are what the hosts' routes settled."""
+    local_only = all(h.is_local for h in job.hosts)
     if master_addr is None:
-        master_addr = "127.0.0.1" if all(h.is_local for h in job.hosts) else job.master_address
+        master_addr = "127.0.0.1" if local_only else job.master_address
     if job.slurm is not None:
         master_addr = f"${SLURM_RDZV_ENV}"
     launches = []
@@ -177,7 +197,8 @@ def build_plan(job: Job, job_id: str, nprocs: Mapping[str, int], master_port: in
         launches.append(HostLaunch(
             host=host, node_rank=rank, nproc=nproc, nproc_source=source, first_rank=first,
             launcher=tuple(launcher_argv(job, host, rank, nproc, master_addr, master_port, job_id,
-                                         inline=inline is not None, per_host=per_host)),
+                                         inline=inline is not None, per_host=per_host,
+                                         local_addr=_local_addr(job, host, local_only, local_addrs))),
             program=tuple(program_argv(job, host, inline)),
             env={**host_env(job, host, job_id, (picked_env or {}).get(host.name)),
                  **(per_host_env(rank, len(job.hosts), master_addr, master_port) if per_host else {})},

@@ -61,6 +61,9 @@ def test_two_hosts_two_processes_each_get_the_right_ranks(cluster2: Cluster, tmp
     if backend == "c10d":
         assert "--rdzv-backend c10d" in summary["hosts"][0]["command"]
         assert f"--rdzv-id {summary['job_id']}" in summary["hosts"][0]["command"]
+        # the hosts' names resolve nowhere (the cluster's default): each is given its own address
+        for i, host in enumerate(summary["hosts"]):
+            assert f"--local-addr {cluster2.hosts[i].address}" in host["command"], host["command"]
 
 
 def test_arguments_reach_the_remote_script_verbatim(cluster2: Cluster, tmp_path: Path) -> None:

@@ -328,6 +328,19 @@ def test_c10d_needs_each_host_to_resolve_its_own_hostname(backend: str, resolved
         assert "add `198.18.0.11 gpu-7` to /etc/hosts" in f.fix
 
 
+def test_c10d_needs_no_hostname_where_up_gives_torchrun_the_address_the_host_reported() -> None:
+    """`up` passes --local-addr from the host's own routes, so its name need not resolve; a host
+    that reported no route of its own still needs it, and so does a Slurm node (no --local-addr)."""
+    unresolved = {1: {"hostname_resolution": "gaierror: [Errno -2] Name or service not known"}}
+    obs = observe({1: {"hostname": "gpu-7", "hostname_resolution": []}}, unresolved,
+                  rdzv_backend="c10d", gives_local_addr=True)
+    assert worst(names.check(obs), "node1") == OK
+    no_routes = observe({1: {"hostname": "gpu-7", "hostname_resolution": [], "routes": [], "interfaces": [],
+                             "resolution": {"master": [{"family": "inet", "address": "198.18.0.10"}], "routes": {}}}},
+                        unresolved, rdzv_backend="c10d", gives_local_addr=True)
+    assert worst(names.check(no_routes), "node1") == FAIL
+
+
 def test_unresolvable_master_addr_fix_names_the_address_other_hosts_found() -> None:
     obs = observe({1: {"resolution": {}}}, {1: {"resolution": "gaierror: Name or service not known"}},
                   master_addr="master.cluster")

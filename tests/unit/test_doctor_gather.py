@@ -9,13 +9,12 @@ from typing import Any
 
 from doctor_fixtures import HOSTS, clean_facts, context, host_net
 
-from orchestrator.checks.addressing import HostNet
+from orchestrator.checks.addressing import HostNet, addressing_of
 from orchestrator.checks.gather import (
     Listening,
     ProbeRound,
     Session,
     Target,
-    addressing_of,
     facts_request,
     plan_targets,
 )

@@ -57,6 +57,26 @@ def test_c10d_argv_uses_rendezvous_endpoint_and_job_id_without_node_rank() -> No
         assert "--node-rank" not in argv and "--master-addr" not in argv
 
 
+def test_c10d_gives_each_host_the_address_it_reported_never_its_name() -> None:
+    """torchrun's c10d rendezvous hands the other hosts each host's own name unless --local-addr
+    says its address: a name that resolves nowhere would hang the launch (issue 54)."""
+    plan = build_plan(make_job(backend="c10d"), "t-xyz", {"a": 1, "b": 1}, 29400,
+                      local_addrs={"a": "198.18.0.1", "b": "198.18.0.12"})
+    assert [hl.argv()[hl.argv().index("--local-addr") + 1] for hl in plan.hosts] == ["198.18.0.1", "198.18.0.12"]
+    # node 0 holds the store: said, not guessed from a lookup of the host's own name
+    assert [hl.argv()[hl.argv().index("--rdzv-conf") + 1] for hl in plan.hosts] == ["is_host=1", "is_host=0"]
+    # a host that reported no address of its own keeps torchrun's lookup (the dns check's case)
+    (_, b) = build_plan(make_job(backend="c10d"), "t-xyz", {"a": 1, "b": 1}, 29400,
+                        local_addrs={"a": "198.18.0.1"}).hosts
+    assert "--local-addr" not in b.argv()
+    # one host: no other host dials it
+    (only,) = build_plan(make_job(hosts=(A,), backend="c10d"), "t-1", {"a": 1}, 29400).hosts
+    assert only.argv()[only.argv().index("--local-addr") + 1] == "127.0.0.1"
+    # the static rendezvous dials master_addr only
+    assert all("--local-addr" not in hl.argv() for hl in
+               build_plan(make_job(), "t-1", {"a": 1, "b": 1}, 29500, local_addrs={"a": "198.18.0.1"}).hosts)
+
+
 def test_node_ranks_follow_host_order() -> None:
     plan = build_plan(make_job(hosts=(C, A, B)), "t-1", {"a": 1, "b": 1, "c": 1}, 29500)
     assert [(hl.host.name, hl.node_rank) for hl in plan.hosts] == [("c", 0), ("a", 1), ("b", 2)]

@@ -38,6 +38,7 @@ class Resolved:
     hosts: tuple[Host, ...] | None = None  # the nodes, where the backend names them (Slurm's)
     master_addr: str | None = None  # settled from the hosts' routes (None: the job's own)
     env: Mapping[str, Mapping[str, str]] = field(default_factory=dict)  # host -> variables ddpctl sets
+    local_addrs: Mapping[str, str] = field(default_factory=dict)  # host -> its own address, as it reported it
 
 
 @dataclass(frozen=True)

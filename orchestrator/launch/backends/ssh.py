@@ -142,11 +142,13 @@ class SshBackend:
         for host, picked in pre.interfaces.items():
             notice(f"{host}: {picked.describe()}")
         env = {host: picked.env for host, picked in pre.interfaces.items()}
+        own = dict(pre.addressing.own) if pre.addressing is not None else {}
         if settle:
             return Resolved(nprocs, settle_master_port(job, self.pool, facts, options.free_port, notice),
-                            master_addr=addr, env=env)
+                            master_addr=addr, env=env, local_addrs=own)
         free = facts[job.master_host.name].facts.free_port
-        return Resolved(nprocs, port if isinstance(port, int) else free or 0, master_addr=addr, env=env)
+        return Resolved(nprocs, port if isinstance(port, int) else free or 0, master_addr=addr, env=env,
+                        local_addrs=own)
 
     def _take(self, host: str) -> Session | None:
         with self.lock:
