@@ -24,7 +24,7 @@ from inventory import Job
 from orchestrator.checks.model import ProbeResults
 from orchestrator.commands import up
 from orchestrator.hostops.stacks import StacksReport
-from orchestrator.launch import core, supervise
+from orchestrator.launch import core, faults, supervise
 from orchestrator.launch.backends.base import DetachReport, Emit, Notice, Resolved
 from orchestrator.launch.events import (
     Alive,
@@ -563,6 +563,62 @@ def test_a_stop_signal_stops_the_job_as_ctrl_c_does_and_up_exits_128_plus_it(
     assert summary(result)["signal"] == signum
     assert re.fullmatch(rf"stopped by {signum.name} to `up` \(at \d\d:\d\d:\d\d\)", str(summary(result)["stopped_by"]))
     assert signal.getsignal(signum) is before
+
+
+# (case id, what b does once the job runs: its link stays silent while it is re-attached to; it is
+# re-attached again and again but never reports (issue 54: the thread that re-attached died on each
+# replay); it keeps its link alive but never confirms (its stop word was never delivered))
+UNCONFIRMED = ["silent-while-re-attaching", "re-attached-again-and-again-never-reporting",
+               "connected-but-the-stop-word-lost"]
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "Ctrl-C"])
+@pytest.mark.parametrize("case", UNCONFIRMED)
+def test_a_stop_signal_ends_up_within_the_stop_bound_whatever_a_hosts_link_does(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fast_limits: Callable[[float], None], case: str,
+        signum: signal.Signals) -> None:
+    """The job stops on every host and `up` ends --grace + STOP_MARGIN after the signal, though b
+    never confirms: b is lost then (its node ends its part on its own), the headline and exit code
+    are the signal's. lost_after is long: only the stop's bound can end it."""
+    fast_limits(30.0)
+    monkeypatch.setattr(faults, "STOP_MARGIN", 0.5)  # with run_job's --grace 1: a bound of 1.5 s
+    observer = RunningObserver(2)
+    signalled: list[float] = []
+    over = threading.Event()
+
+    def script(b: FaultyBackend, emit: Emit) -> None:
+        emit_all(emit, [Started("a"), Started("b")])
+        assert observer.running.wait(5)
+        if case != "connected-but-the-stop-word-lost":
+            assert keep_alive(emit, ["a"], until=lambda: "b" in b.reattached), "b never judged silent"
+        signalled.append(time.monotonic())
+        os.kill(os.getpid(), signum)
+        assert b.stopped.wait(5)
+        emit(Exited("a", 128 + signum))
+        answered, give_up = 0, time.monotonic() + 8.0
+        while not over.wait(0.05):  # b as the case has it, until `up` has ended
+            if time.monotonic() > give_up:  # `up` did not end: b ends, so the test fails rather than hangs
+                emit(Exited("b", 128 + signum))
+                return
+            if case == "connected-but-the-stop-word-lost":
+                emit(Alive("b"))
+            elif case == "re-attached-again-and-again-never-reporting" and len(b.reattached) > answered:
+                answered = len(b.reattached)
+                emit(Reattached("b"))
+
+    try:
+        result, _out, backend = run_job(script, tmp_path, observer=observer)
+        took = time.monotonic() - signalled[0]
+    finally:
+        over.set()
+    assert 1.5 <= took < 3.5, took
+    assert result.exit_code == 128 + signum and result.signal == signum
+    assert states(result) == {"a": RunState.STOPPED, "b": RunState.LOST}
+    assert result.loss is None and result.first_failure is None  # lost while it stopped: not the cause
+    assert backend.dropped == ["b"]  # no heartbeat goes to it any more: its node ends its part
+    (lost,) = [r for r in result.hosts if r.host == "b"]
+    assert re.match(r"b did not confirm the stop within \d+s \(its link ", lost.error or ""), lost.error
+    assert str(summary(result)["stopped_by"]).startswith("stopped by ")
 
 
 # -- the headline ----------------------------------------------------------------------------------
