@@ -410,10 +410,23 @@ class Supervision:
             except KeyboardInterrupt as exc:
                 self._interrupted(exc)
 
+    def _root_learned_late(self, root: RankFailure, told: HostRun) -> None:
+        """The rank that failed first was learned after another host's failure had stopped the job
+        (its records replayed once its host was reached again after a cut): its host is the one that
+        failed and the other one was stopped, and the account charges it, as without the cut."""
+        self.timeline.failed_first(root)
+        for run, state in ((self.hosts.runs[root.host], RunState.FAILED), (told, RunState.STOPPED)):
+            if run.state in (RunState.FAILED, RunState.STOPPED):
+                run.state = state
+
     def _result(self) -> RunResult:
         """The outcome of the final state, summary.json, then each monitor's finish."""
         state = self.record.final(list(self.hosts.runs.values()))
         end = outcome(state)
+        told, root = self.record.first_failure, end.root_cause
+        if told is not None and root is not None and not root.consequence and end.loss is None \
+                and root.host != told.host:
+            self._root_learned_late(root, told)
         result = RunResult(job_id=self.plan.job_id, run_dir=self.run_dir, hosts=list(state.runs),
                            exit_code=end.exit_code, first_failure=end.first_failure,
                            interrupted=state.signal is not None,

@@ -21,6 +21,9 @@ from rich.console import Console
 from test_launch_core import A, B, C, emit_all, make_job, phase
 
 from inventory import Job
+from orchestrator.account.compute import account
+from orchestrator.account.events import path_of
+from orchestrator.account.events import read as read_events
 from orchestrator.checks.model import ProbeResults
 from orchestrator.commands import up
 from orchestrator.hostops.stacks import StacksReport
@@ -32,6 +35,7 @@ from orchestrator.launch.events import (
     Ended,
     Exited,
     Lost,
+    Milestone,
     Output,
     Reattached,
     Reported,
@@ -45,7 +49,7 @@ from orchestrator.launch.options import LaunchOptions
 from orchestrator.launch.outcome import EXIT_STOPPED
 from orchestrator.launch.plan import LaunchPlan, build_plan
 from orchestrator.launch.result import HostLoss, HostRun, RankFailure, RunResult, RunState
-from orchestrator.remote.wire import RankError, SuperviseResult
+from orchestrator.remote.wire import RankError, RankPhase, SuperviseResult
 from orchestrator.sync.core import Progress, SyncReport
 from orchestrator.watch.factory import standard_monitors
 
@@ -619,6 +623,56 @@ def test_a_stop_signal_ends_up_within_the_stop_bound_whatever_a_hosts_link_does(
     (lost,) = [r for r in result.hosts if r.host == "b"]
     assert re.match(r"b did not confirm the stop within \d+s \(its link ", lost.error or ""), lost.error
     assert str(summary(result)["stopped_by"]).startswith("stopped by ")
+
+
+def test_a_ranks_own_error_replayed_after_a_peers_echo_is_the_failure_and_its_host_is_charged(
+        tmp_path: Path) -> None:
+    """Issue 54: SSH to b was cut while its rank failed; a's rank lost its peer, and that echo came
+    first and stopped the job. b's records, replayed once b is reached again, hold the earlier error
+    of its own: b is the host that failed, a was stopped, and the account charges b, as without the
+    cut."""
+    def script(b: FaultyBackend, emit: Emit) -> None:
+        emit_all(emit, [Started("a"), Started("b")])
+        emit_all(emit, [Milestone(h, RankPhase(local, 2 * (h == "b") + local, "step", time.time(), None, 1))
+                        for h in ("a", "b") for local in (0, 1)])  # every rank's first step: training
+        keep_alive(emit, ["a", "b"], for_s=0.2)
+        failed = time.time()  # b's rank, while b is cut off (not silent for long yet)
+        keep_alive(emit, ["a"], for_s=0.3)
+        echo = rank_error("Connection closed by peer [198.18.0.2]:4242", at=time.time())
+        emit(phase("a", 0, 0, "error", echo.timestamp or 0.0, error=echo))
+        assert b.stopped.wait(5)
+        own = rank_error("bad batch at step 20", "ValueError", rank=1, at=failed)
+        emit_all(emit, [Exited("a", 1), phase("b", 0, 1, "error", failed, error=own), Exited("b", 1)])
+
+    result, _out, _backend = run_job(script, tmp_path)
+    assert result.exit_code == 1 and result.loss is None
+    assert result.root_cause is not None and result.root_cause.error.kind == "ValueError"
+    assert result.first_failure is not None and result.first_failure.host == "b"
+    assert states(result) == {"a": RunState.STOPPED, "b": RunState.FAILED}
+    charged = account(read_events(path_of(tmp_path / result.job_id)))
+    assert list(charged.by_host()) == ["b"], charged
+
+
+def test_step_records_replayed_late_count_from_when_the_ranks_wrote_them(tmp_path: Path) -> None:
+    """A job that ended while b was cut off: b's last step records come a second later, replayed
+    once b is reached again. The account's productive time ends at the last step the ranks took,
+    not when we heard of it (the wait for b is shut-down time, as without the cut)."""
+    def steps(host: str, step: int, at: float) -> list[BackendEvent]:
+        number = 2 * (host == "b")
+        return [Milestone(host, RankPhase(local, number + local, "step", at, None, step)) for local in (0, 1)]
+
+    def script(b: FaultyBackend, emit: Emit) -> None:
+        emit_all(emit, [Started("a"), Started("b"), *steps("a", 1, time.time()), *steps("b", 1, time.time())])
+        keep_alive(emit, ["a", "b"], for_s=0.2)
+        last = time.time()  # the job's last step (b's ranks recorded it), then its end; b is not heard
+        emit_all(emit, [*steps("a", 49, last), Exited("a", 0)])
+        keep_alive(emit, ["a"], for_s=1.0)
+        emit_all(emit, [Reattached("b"), *steps("b", 50, last), Exited("b", 0)])
+
+    result, _out, _backend = run_job(script, tmp_path)
+    assert result.exit_code == 0
+    charged = account(read_events(path_of(tmp_path / result.job_id)))
+    assert 0.1 < charged.productive_s < 0.6, charged
 
 
 # -- the headline ----------------------------------------------------------------------------------
