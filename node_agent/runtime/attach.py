@@ -100,8 +100,8 @@ def attach(request: Dict[str, Any], control: BinaryIO) -> Dict[str, Any]:
     offset = int(request.get("offset") or 0)
     state = read_json(directory / "state.json")
     if state is None:
-        return {"exit_code": 3, "error": {"type": "NotFound", "message": "no run state of job %s node %s on %s"
-                                          % (request["job_id"], request.get("node_rank"), socket.gethostname())}}
+        return wire(SuperviseResult(exit_code=3, error="no run state of job %s node %s on %s" % (
+            request["job_id"], request.get("node_rank"), socket.gethostname())))
     path = state.get("attach")
     if state.get("status") == "running" and path:
         code = _relay(str(path), offset, control)

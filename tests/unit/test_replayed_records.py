@@ -217,3 +217,14 @@ def test_every_record_decodes_alike_live_relayed_and_replayed_from_disk(
     assert live.result.checkpointed and live.result.newest_checkpoint is not None and live.result.steps == 5
     assert live.result.stop_reason is not None and live.result.stop_reason.startswith("rank 1 failed")
     assert any(isinstance(e, Checkpointed) for e in live.events) and any(isinstance(e, Sampled) for e in live.events)
+
+
+def test_attaching_where_the_host_has_no_run_state_answers_the_declared_result(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its run state gone (pruned, another home): said in the supervise result, not a message that
+    does not decode."""
+    monkeypatch.setenv("DDPCTL_STATE_ROOT", str(tmp_path / "state"))
+    heard = hear(to_its_end(start_agent(LocalTransport(LOCALHOST), "attach",
+                                        {"job_id": "gone-1", "node_rank": 2, "offset": 0})))
+    assert heard.notices == [] and heard.result is not None and heard.result.exit_code == 3
+    assert (heard.result.error or "").startswith("no run state of job gone-1 node 2 on ")
