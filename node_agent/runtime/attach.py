@@ -7,8 +7,9 @@ Request: {"job_id", "node_rank", "offset"} (the log offset of the last batch it 
 the job's supervisor runs, this op connects to its attach socket and relays: the socket's bytes
 (events, the log from `offset` in committed batches, at the end the supervise op's result) to
 stdout, and its own stdin (HEARTBEAT/STOP/ABORT/KILL) to the socket; it exits with the job's exit code.
-Where the supervisor has ended meanwhile, it sends the rest of the log and the result the
-supervisor recorded in state.json, so a job that ended during the outage loses nothing either.
+Where the supervisor has ended meanwhile, it sends the rest of the log, every rank's records and
+the result the supervisor recorded in state.json, each built as the supervisor sends it live
+(node_agent/runtime/records.py), so a job that ended during the outage loses nothing either.
 """
 
 from __future__ import annotations
@@ -24,16 +25,18 @@ import threading
 import time
 
 from node_agent.host.runstate import read_json
-from node_agent.runtime.uplink import BATCH, Sink, batch_of, event_line
+from node_agent.runtime.records import rank_message, rank_records, recorded_result
+from node_agent.runtime.uplink import BATCH, Sink, batch_of
 from node_agent.wire.layout import node_state_dir
 from node_agent.wire.protocol import RESULT_PREFIX, emit_event
+from node_agent.wire.replies import wire
+from node_agent.wire.replies_run import SuperviseResult
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing is for the checker only (node_agent/__init__.py)
     from typing import Any, BinaryIO, Callable, Dict, Optional
 
 SOCKET_PATH_MAX = 100  # sun_path holds 108 bytes; a longer state dir gets a short socket path
-RESULT_KEYS = ("exit_code", "stop_reason", "first_error", "rank_errors", "state_dir", "log", "nccl")
 MARK = RESULT_PREFIX.encode()
 SETTLE_S = 5.0  # a supervisor that has just ended: how long to wait for its final state
 
@@ -97,8 +100,8 @@ def attach(request: Dict[str, Any], control: BinaryIO) -> Dict[str, Any]:
     offset = int(request.get("offset") or 0)
     state = read_json(directory / "state.json")
     if state is None:
-        return {"exit_code": 3, "error": {"type": "NotFound", "message": "no run state of job %s node %s on %s"
-                                          % (request["job_id"], request.get("node_rank"), socket.gethostname())}}
+        return wire(SuperviseResult(exit_code=3, error="no run state of job %s node %s on %s" % (
+            request["job_id"], request.get("node_rank"), socket.gethostname())))
     path = state.get("attach")
     if state.get("status") == "running" and path:
         code = _relay(str(path), offset, control)
@@ -183,10 +186,9 @@ def _replay(directory: Any, offset: int) -> Dict[str, Any]:
                 log.seek(offset)
     except OSError:
         pass
-    for name in sorted(os.listdir(str(directory / "ranks"))) if (directory / "ranks").is_dir() else ():
-        record = read_json(directory / "ranks" / name)
-        if record is not None:
-            _write_all(event_line("rank", **record))
+    for _name, record in rank_records(directory / "ranks"):
+        _write_all(rank_message(record))
     if state.get("status") != "exited":
-        return {"exit_code": 1, "stop_reason": "the supervisor on %s ended without a result" % socket.gethostname()}
-    return {key: state.get(key) for key in RESULT_KEYS if key in state}
+        return wire(SuperviseResult(exit_code=1, stop_reason="the supervisor on %s ended without a result"
+                                    % socket.gethostname()))
+    return recorded_result(state)

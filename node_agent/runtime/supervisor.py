@@ -35,20 +35,12 @@ from node_agent.runtime.metrics_file import JobLabels, MetricsFile, job_text, sw
 from node_agent.runtime.nccl_log import parse_files
 from node_agent.runtime.quiet import QuietSignalTracebacks
 from node_agent.runtime.ranklogs import RankLogs
-from node_agent.runtime.uplink import Sink, Uplink, event_line
+from node_agent.runtime.records import checkpoint_message, is_rank_record, rank_error, rank_message, sample_message
+from node_agent.runtime.uplink import Sink, Uplink
 from node_agent.wire.layout import ATTEMPT_MARK, DOWN_MARK, STOPPED_BY_DOWN, STOPPED_BY_SIGNAL, node_state_dir
 from node_agent.wire.protocol import emit_event
 from node_agent.wire.replies import wire
-from node_agent.wire.replies_run import (
-    RANK_ENDS,
-    CheckpointWritten,
-    DetachedStart,
-    NcclChoice,
-    RankError,
-    RankPhase,
-    StepWindow,
-    SuperviseResult,
-)
+from node_agent.wire.replies_run import RANK_ENDS, DetachedStart, NcclChoice, RankError, SuperviseResult
 from node_agent.wire.replies_top import GpuStat, HostSample
 from node_agent.wire.requests import SuperviseRequest, read
 
@@ -106,8 +98,9 @@ class Supervisor:
         self.wrap = request.wrap
         self.rank_dir = self.dir / "ranks"
         self.rank_records: Dict[str, Dict[str, Any]] = {}  # "<local rank>.<phase>" -> its record
-        self.step_mtimes: Dict[str, int] = {}  # "<local rank>.step" -> its mtime when last read
+        self.read_mtimes: Dict[str, int] = {}  # "<local rank>.<phase>" -> its mtime when last read
         self.newest_before: Optional[float] = None  # the newest checkpoint file's mtime at the start
+        self.last_checkpoint: Optional[bytes] = None  # the newest checkpoint's message sent (replayed)
         self.uplink: Optional[Uplink] = None
         self.attach_path: Optional[str] = None
         self.log_lock = threading.Lock()
@@ -146,16 +139,17 @@ class Supervisor:
         except OSError:
             return
         for name in names:
-            if name.endswith(".tmp") or not name.split(".")[0].isdigit() or \
-                    (name in self.rank_records and not self._step_changed(name)):
+            mtime = self._unread(name) if is_rank_record(name) else None
+            if mtime is None:
                 continue  # not a rank's record (a dump request, the dumps folder), or read already
             try:
                 record = json.loads((self.rank_dir / name).read_text())
             except (OSError, ValueError):
                 continue  # being replaced: read it next time
+            self.read_mtimes[name] = mtime
             self.rank_records[name] = record
             if self.uplink is not None:
-                self.uplink.event("rank", **wire(rank_phase(record)))
+                self.uplink.message(rank_message(record))
             if record.get("phase") == "error":
                 self.rank_failed(record)
         if self.proc is not None and self.proc.poll() is None:
@@ -176,18 +170,16 @@ class Supervisor:
                 record_killed(str(self.rank_dir), int(started.get("local_rank", 0)), int(started["pid"]),
                               stat.killed_by, "supervisor")
 
-    def _step_changed(self, name: str) -> bool:
-        """A rank's `step` record is rewritten as it goes (the others are written once)."""
-        if not name.endswith(".step"):
-            return False
+    def _unread(self, name: str) -> Optional[int]:
+        """The mtime of a record not read yet, or of a `step` record rewritten since it was read
+        (the others are written once); None: nothing new in it."""
+        if name in self.rank_records and not name.endswith(".step"):
+            return None
         try:
             mtime = os.stat(str(self.rank_dir / name)).st_mtime_ns
         except OSError:
-            return False
-        if self.step_mtimes.get(name) == mtime:
-            return False
-        self.step_mtimes[name] = mtime
-        return True
+            return None
+        return None if self.read_mtimes.get(name) == mtime else mtime
 
     def steps(self) -> Optional[int]:
         """The most optimizer steps any rank of this node took (None: no rank stepped or said)."""
@@ -208,8 +200,11 @@ class Supervisor:
             return 0
 
     def replay(self) -> List[bytes]:
-        """What a re-attached control plane gets again: every rank milestone (it keeps each once)."""
-        return [event_line("rank", **wire(rank_phase(record))) for record in list(self.rank_records.values())]
+        """What a re-attached control plane gets again (it keeps each once): every rank milestone and
+        the newest checkpoint seen, built as they were sent live (an event handed to a connection
+        that was then replaced is not sent twice: it may never have arrived)."""
+        ranks = [rank_message(record) for record in list(self.rank_records.values())]
+        return ranks + ([self.last_checkpoint] if self.last_checkpoint is not None else [])
 
     def rank_failed(self, record: Dict[str, Any]) -> None:
         """torchrun runs with --max-restarts 0: one failed rank fails the job. End it here now."""
@@ -463,7 +458,7 @@ class Supervisor:
             else:
                 sampled = HostSample(cpu, rss, processes=len(after))
             if self.uplink is not None:
-                self.uplink.event("sample", **wire(sampled))
+                self.uplink.message(sample_message(sampled))
 
     def watch_checkpoints(self, directory: str) -> None:
         """Every CHECKPOINT_EVERY seconds while torchrun runs: a newer file in [restart]
@@ -474,7 +469,8 @@ class Supervisor:
             mtime = newest_mtime(directory)
             if mtime is not None and (newest is None or mtime > newest) and self.uplink is not None:
                 newest = mtime
-                self.uplink.event("checkpoint", **wire(CheckpointWritten(mtime, self.steps())))
+                self.last_checkpoint = checkpoint_message(mtime, self.steps())
+                self.uplink.message(self.last_checkpoint)
 
     def _thread(self, target: Any, *args: Any) -> threading.Thread:
         thread = threading.Thread(target=target, args=args, daemon=True)
@@ -608,49 +604,3 @@ def supervise(wired: Dict[str, Any], control: BinaryIO) -> Dict[str, Any]:
     # signals stop the job, heartbeats still go out with the output
     sink = Sink("stdout", fd=sys.stdout.fileno())
     return Supervisor(request, detached=False).run(None if request.batch else control, sink)
-
-
-def _rank(value: Any) -> Optional[int]:
-    """A global or local rank from a record (RANK=-1: the wrapper did not know it)."""
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
-
-
-def _int(value: Any) -> Optional[int]:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _float(value: Any) -> Optional[float]:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
-def rank_error(record: Dict[str, Any], file: Optional[str] = None) -> RankError:
-    """A rank's error or end record (rankwrap.py, torchrun.py) as the control plane gets it."""
-    local = record.get("local_rank")
-    return RankError(local_rank=local if isinstance(local, (int, str)) and not isinstance(local, bool) else None,
-                     message=str(record.get("message") or ""), traceback=str(record.get("traceback") or ""),
-                     timestamp=_float(record.get("time")), file=file, rank=_rank(record.get("rank")),
-                     kind=str(record.get("type") or ""), step=_int(record.get("step")),
-                     exit_code=_int(record.get("exit_code")))
-
-
-def step_window(window: Any) -> Optional[StepWindow]:
-    """A step record's window (rankwrap.py _window), None where it says nothing usable."""
-    if not isinstance(window, dict):
-        return None
-    steps, seconds = _int(window.get("steps")), _float(window.get("seconds"))
-    p50, p95 = _float(window.get("p50_ms")), _float(window.get("p95_ms"))
-    if not steps or seconds is None or p50 is None or p95 is None:
-        return None
-    ddp = window.get("ddp")
-    ddp = ddp if isinstance(ddp, dict) else {}
-    return StepWindow(steps, seconds, p50, p95, _float(ddp.get("wait_ms")), _float(ddp.get("data_ms")),
-                      _float(ddp.get("compute_ms")), _int(ddp.get("n")) or 0)
-
-
-def rank_phase(record: Dict[str, Any]) -> RankPhase:
-    """A rank's milestone record as the `rank` event it becomes."""
-    phase = str(record.get("phase") or "")
-    return RankPhase(local_rank=_rank(record.get("local_rank")), rank=_rank(record.get("rank")), phase=phase,
-                     time=_float(record.get("time")), error=rank_error(record) if phase in RANK_ENDS else None,
-                     step=_int(record.get("step")), window=step_window(record.get("window")),
-                     total=_int(record.get("total")))

@@ -124,8 +124,12 @@ class Uplink:
             self.cond.notify()
 
     def event(self, name: str, **fields: Any) -> None:
+        self.message(event_line(name, **fields))
+
+    def message(self, line: bytes) -> None:
+        """An event line built already (node_agent/runtime/records.py builds a record's)."""
         with self.cond:
-            self.events.append(event_line(name, **fields))
+            self.events.append(line)
             self.cond.notify()
 
     def attach(self, sink: Sink, offset: int) -> None:

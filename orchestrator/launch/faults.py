@@ -15,6 +15,9 @@ DEFAULT_LOST_AFTER = 60.0
 NODE_FACTOR = 1.5  # the node's own limit, from the control plane's
 NODE_WATCH_EVERY = 0.5  # how often a node's watchdog looks (node_agent/runtime/supervisor.py WATCH_EVERY)
 SELF_STOP_MARGIN = 2.0  # clocks, scheduling: on top of the node's own bound before we count on it
+# A stop asked: on top of --grace, a host's last SIGKILL reaped (node_agent/host/terminate.py
+# KILL_WAIT_S, 5 s), its last output and its report sent
+STOP_MARGIN = 10.0
 MIN_LOST_AFTER = SILENT_AFTER + RETRY_EVERY  # a host must have a chance to be reached again
 
 
@@ -28,7 +31,8 @@ class LinkState(str, enum.Enum):
     REATTACHED = "re-attached"  # a fresh connection took over (output resumes at the last
     # committed batch); from then on it counts as CONNECTED
     LOST = "lost"  # silent for `lost_after` s; or at once: its connection closed without an exit
-    # status, or ranks elsewhere failed with errors pointing at it. The job stops on every host.
+    # status, ranks elsewhere failed with errors pointing at it, or ddpctl's own thread that follows
+    # it failed. The job stops on every host. While a stop is under way: not confirmed in `stop_bound`.
     # The node stops its own job after `node_after` = lost_after x NODE_FACTOR s without us: later
     # than we give up, so a re-attach just in time finds the job still running.
 
@@ -55,6 +59,14 @@ class FaultLimits:
         connection closed (host or sshd died): its node ended its job at once then, so only the
         grace is left."""
         return (0.0 if closed else self.node_after) + NODE_WATCH_EVERY + grace + SELF_STOP_MARGIN
+
+    def stop_bound(self, grace: float) -> float:
+        """How long after a stop is asked (Ctrl-C, SIGTERM, SIGHUP, a failure, `ddpctl down`) each
+        host has to confirm it, whatever its link's state: its ranks' `grace` (0: a forced stop),
+        then SIGKILL's wait, its last output and its report. A host that has not by then (its link
+        silent or re-attaching, its stop word never delivered) is lost, so that `up` ends: its node
+        ends its part on its own, on the stop word or `node_after` without a heartbeat."""
+        return grace + STOP_MARGIN
 
 
 @dataclass
@@ -104,7 +116,12 @@ def fault_table(limits: FaultLimits | None = None) -> list[tuple[str, str, str]]
         ("the host is lost: the job stops on every host", f"lost_after = {lim.lost_after:.0f} s of silence "
          "([supervise] lost_after, --lost-after)", "control plane"),
         ("the host is lost at once", "its connection closes without an exit status (host or sshd died), "
-         "or ranks elsewhere fail with errors naming a silent host", "control plane"),
+         "ranks elsewhere fail with errors naming a silent host, or ddpctl's own thread that follows it fails "
+         "(reported with its error)", "control plane"),
+        ("a stop (Ctrl-C, SIGTERM, SIGHUP, a failure, `ddpctl down`): each host confirms it, or is lost and `up` "
+         "ends without it", f"within --grace + {STOP_MARGIN:g} s = {lim.stop_bound(10.0):.0f} s with --grace 10, "
+         f"whatever its link's state (a second Ctrl-C: {STOP_MARGIN:g} s from then); its node ends its part on its "
+         "own", "control plane"),
         ("the node ends its own job", f"{NODE_FACTOR:g} x lost_after = {lim.node_after:.0f} s without a "
          "heartbeat, whatever its ranks print", "node"),
         ("the node ends its own job at once", "its current control connection closes (`up` killed)", "node"),

@@ -1,5 +1,6 @@
 """The hosts of a supervised job: each host's run (state, exit code, last lines), its link in the
-fault model's states (orchestrator/launch/faults.py) and when it was last heard from."""
+fault model's states (orchestrator/launch/faults.py), when it was last heard from, and by when a
+stop asked of them must be confirmed."""
 
 from __future__ import annotations
 
@@ -69,6 +70,21 @@ class Hosts:
         self.links = {name: Link(name) for name in self.runs}
         self.contact = Contact()
         self.addresses = {hl.host.name: hl.host.address for hl in plan.hosts}
+        self.stop_since: float | None = None  # time.monotonic() the first stop was asked
+        self.stop_deadline: float | None = None  # ... and by when every host must have confirmed one
+
+    def stop_asked(self, now: float, bound: float) -> None:
+        """A stop was asked at `now` (time.monotonic()): each unfinished host must confirm it within
+        `bound` s (faults.FaultLimits.stop_bound); an earlier deadline stands."""
+        self.stop_since = now if self.stop_since is None else self.stop_since
+        deadline = now + bound
+        self.stop_deadline = deadline if self.stop_deadline is None else min(self.stop_deadline, deadline)
+
+    def unconfirmed(self, now: float) -> list[str]:
+        """The unfinished hosts once the stop's deadline has passed (none before it)."""
+        if self.stop_deadline is None or now < self.stop_deadline:
+            return []
+        return self.unfinished()
 
     def moves(self, now: float) -> list[LinkMove]:
         """The links of running (or stopping) hosts that change state now (faults.link_state_after)."""

@@ -103,6 +103,7 @@ class Supervision:
     def stop_all(self, force: bool, reason: str, failed: bool = False) -> None:
         """`failed`: the job has failed (a host, a monitor's judgement), not stopped by the user."""
         self.stopping = True
+        self.hosts.stop_asked(time.monotonic(), self.hosts.limits.stop_bound(0.0 if force else self.options.grace))
         self.observer.on_notice(reason)
         unfinished = self.hosts.unfinished()
         for name in unfinished:
@@ -329,6 +330,18 @@ class Supervision:
                 lost_after = self.hosts.limits.lost_after
                 self._mark_lost(self.hosts.runs[move.host], f"no contact with {move.host} for {lost_after:.0f}s "
                                 f"(since {clock(time.time() - move.quiet_s)}): host down or network cut")
+        for name in self.hosts.unconfirmed(time.monotonic()):
+            self._unconfirmed(self.hosts.runs[name])
+
+    def _unconfirmed(self, run: HostRun) -> None:
+        """The stop's bound has passed and the host has not confirmed it (its link silent or
+        re-attaching, its stop word never delivered): lost, so that `up` ends; its node ends its part
+        on its own."""
+        link = self.hosts.links[run.host]
+        asked = time.monotonic() - (self.hosts.stop_since or time.monotonic())
+        state = link.state.value + ("" if link.state is LinkState.CONNECTED else f" since {clock(link.since)}")
+        self._mark_lost(run, f"{run.host} did not confirm the stop within {asked:.0f}s (its link {state}): `up` "
+                             "ends without its report; its node ends its part on its own")
 
     def _went_silent(self, move: LinkMove) -> None:
         link = self.hosts.links[move.host]
@@ -397,10 +410,23 @@ class Supervision:
             except KeyboardInterrupt as exc:
                 self._interrupted(exc)
 
+    def _root_learned_late(self, root: RankFailure, told: HostRun) -> None:
+        """The rank that failed first was learned after another host's failure had stopped the job
+        (its records replayed once its host was reached again after a cut): its host is the one that
+        failed and the other one was stopped, and the account charges it, as without the cut."""
+        self.timeline.failed_first(root)
+        for run, state in ((self.hosts.runs[root.host], RunState.FAILED), (told, RunState.STOPPED)):
+            if run.state in (RunState.FAILED, RunState.STOPPED):
+                run.state = state
+
     def _result(self) -> RunResult:
         """The outcome of the final state, summary.json, then each monitor's finish."""
         state = self.record.final(list(self.hosts.runs.values()))
         end = outcome(state)
+        told, root = self.record.first_failure, end.root_cause
+        if told is not None and root is not None and not root.consequence and end.loss is None \
+                and root.host != told.host:
+            self._root_learned_late(root, told)
         result = RunResult(job_id=self.plan.job_id, run_dir=self.run_dir, hosts=list(state.runs),
                            exit_code=end.exit_code, first_failure=end.first_failure,
                            interrupted=state.signal is not None,

@@ -13,7 +13,7 @@ from typing import Any
 from orchestrator.account import events as ev
 from orchestrator.account.events import EventLog
 from orchestrator.launch.plan import ATTEMPT_ENV, LaunchPlan
-from orchestrator.launch.result import Finding, RunResult
+from orchestrator.launch.result import Finding, RankFailure, RunResult
 
 PROGRESS_EVERY = 5.0  # a `progress` event at most this often (the steps, for re-done work)
 HISTORY = 4096  # the newest step records kept to find the step at a checkpoint's time (~30 min at 2 a s)
@@ -33,6 +33,7 @@ class AttemptTimeline:
 
     def __init__(self, plan: LaunchPlan, log: EventLog) -> None:
         self.log = log
+        self.began = time.time()  # a rank's record from before this (another clock's) is not trusted
         self.attempt = attempt_of(plan)
         self.ranks = plan.world_size
         self.stepped: dict[tuple[str, int | None], float] = {}  # (host, local rank) -> its first step's time
@@ -71,24 +72,35 @@ class AttemptTimeline:
         self.add(ev.LAUNCH, hosts=list(hosts))
 
     def stepped_to(self, host: str, local_rank: int | None, step: int, at: float | None = None) -> None:
-        """A rank's record of its steps (`at`: when it wrote it, its host's clock)."""
+        """A rank's record of its steps (`at`: when it wrote it, its host's clock). It counts from
+        then where that time is plausible (since the launch, not ahead of ours): a record that
+        comes late, replayed after a cut, must not stretch the productive time over the cut."""
         now = time.time()
+        when = at if at is not None and self.began <= at <= now else now
         if at is not None and step > (self.history[-1][1] if self.history else 0):
             self.history.append((at, step))
         if step > 0 and local_rank is not None and (host, local_rank) not in self.stepped:
-            self.stepped[(host, local_rank)] = now
+            self.stepped[(host, local_rank)] = when
             if self.first_step is None and len(self.stepped) >= self.ranks:
-                self.first_step = now
-                self.add(ev.FIRST_STEP, now, step=step)
+                self.first_step = max(self.stepped.values())
+                self.add(ev.FIRST_STEP, self.first_step, step=step)
         if step <= self.step:
             return
-        self.step, self.last_step = step, now
+        self.step, self.last_step = step, max(when, self.last_step or when)
         if self.stall_open:
             self.stall_open = False
-            self.add(ev.STALL_END, now, step=step)
-        if self.first_step is not None and now - self.said_progress >= PROGRESS_EVERY:
-            self.said_progress = now
-            self.add(ev.PROGRESS, now, step=step)
+            self.add(ev.STALL_END, when, step=step)
+        if self.first_step is not None and when - self.said_progress >= PROGRESS_EVERY:
+            self.said_progress = when
+            self.add(ev.PROGRESS, when, step=step)
+
+    def failed_first(self, root: RankFailure) -> None:
+        """The rank that failed first, learned after another host's failure was told (its records
+        replayed once its host was reached again after a cut): its own failure at its own time, the
+        earliest, which the account charges, as it would have without the cut."""
+        now, at = time.time(), root.error.timestamp
+        when = at if at is not None and self.began <= at <= now else now
+        self.add(ev.FAILED, when, host=root.host, cause="failed", why=f"{root.error.kind or 'an error'} of its own")
 
     def requeued(self, text: str) -> None:
         """The scheduler requeued the job: its ranks start again (their first step is told anew)."""

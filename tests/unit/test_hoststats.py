@@ -23,6 +23,8 @@ from node_agent.runtime import supervisor
 from node_agent.wire.replies import wire
 from node_agent.wire.replies_top import GpuStat
 from node_agent.wire.requests import SuperviseRequest
+from orchestrator.remote.agent import AgentEvent, decode
+from orchestrator.remote.transport import OutputLine
 from orchestrator.remote.wire import parse_sample, parse_top
 
 H100 = "NVIDIA H100 80GB HBM3"
@@ -313,8 +315,10 @@ def test_the_supervisors_sample_events_decode_to_what_it_sampled(
     events: list[tuple[str, dict[str, Any]]] = []
     three = threading.Event()
 
-    def event(_uplink: object, name: str, **fields: Any) -> None:
-        events.append((name, fields))
+    def message(_uplink: object, line: bytes) -> None:  # the event line, as it goes to the control plane
+        event = decode(OutputLine("stdout", line.decode().rstrip("\n")))
+        assert isinstance(event, AgentEvent), line
+        events.append((event.name, dict(event.fields)))
         if len(events) >= 3:
             three.set()
 
@@ -322,7 +326,7 @@ def test_the_supervisors_sample_events_decode_to_what_it_sampled(
         sup = supervisor.Supervisor(SuperviseRequest("hs-5", sample_every=0.1, env={"CUDA_VISIBLE_DEVICES": "1,3"}),
                                     detached=False)
         sup.proc = job.launcher
-        sup.uplink = type("Uplink", (), {"event": event})()
+        sup.uplink = type("Uplink", (), {"message": message})()
         watching = threading.Thread(target=sup.watch_host, daemon=True)
         watching.start()
         three.wait(20)

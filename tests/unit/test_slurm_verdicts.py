@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from inventory import load_job
-from node_agent.runtime.supervisor import rank_phase
+from node_agent.runtime.records import rank_phase
 from node_agent.wire.protocol import EVENT_PREFIX, RESULT_PREFIX
 from node_agent.wire.replies import wire
 from orchestrator.launch.backends import slurm as slurm_backend

@@ -21,10 +21,13 @@ from rich.console import Console
 from test_launch_core import A, B, C, emit_all, make_job, phase
 
 from inventory import Job
+from orchestrator.account.compute import account
+from orchestrator.account.events import path_of
+from orchestrator.account.events import read as read_events
 from orchestrator.checks.model import ProbeResults
 from orchestrator.commands import up
 from orchestrator.hostops.stacks import StacksReport
-from orchestrator.launch import core, supervise
+from orchestrator.launch import core, faults, supervise
 from orchestrator.launch.backends.base import DetachReport, Emit, Notice, Resolved
 from orchestrator.launch.events import (
     Alive,
@@ -32,6 +35,7 @@ from orchestrator.launch.events import (
     Ended,
     Exited,
     Lost,
+    Milestone,
     Output,
     Reattached,
     Reported,
@@ -45,7 +49,7 @@ from orchestrator.launch.options import LaunchOptions
 from orchestrator.launch.outcome import EXIT_STOPPED
 from orchestrator.launch.plan import LaunchPlan, build_plan
 from orchestrator.launch.result import HostLoss, HostRun, RankFailure, RunResult, RunState
-from orchestrator.remote.wire import RankError, SuperviseResult
+from orchestrator.remote.wire import RankError, RankPhase, SuperviseResult
 from orchestrator.sync.core import Progress, SyncReport
 from orchestrator.watch.factory import standard_monitors
 
@@ -563,6 +567,112 @@ def test_a_stop_signal_stops_the_job_as_ctrl_c_does_and_up_exits_128_plus_it(
     assert summary(result)["signal"] == signum
     assert re.fullmatch(rf"stopped by {signum.name} to `up` \(at \d\d:\d\d:\d\d\)", str(summary(result)["stopped_by"]))
     assert signal.getsignal(signum) is before
+
+
+# (case id, what b does once the job runs: its link stays silent while it is re-attached to; it is
+# re-attached again and again but never reports (issue 54: the thread that re-attached died on each
+# replay); it keeps its link alive but never confirms (its stop word was never delivered))
+UNCONFIRMED = ["silent-while-re-attaching", "re-attached-again-and-again-never-reporting",
+               "connected-but-the-stop-word-lost"]
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "Ctrl-C"])
+@pytest.mark.parametrize("case", UNCONFIRMED)
+def test_a_stop_signal_ends_up_within_the_stop_bound_whatever_a_hosts_link_does(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fast_limits: Callable[[float], None], case: str,
+        signum: signal.Signals) -> None:
+    """The job stops on every host and `up` ends --grace + STOP_MARGIN after the signal, though b
+    never confirms: b is lost then (its node ends its part on its own), the headline and exit code
+    are the signal's. lost_after is long: only the stop's bound can end it."""
+    fast_limits(30.0)
+    monkeypatch.setattr(faults, "STOP_MARGIN", 0.5)  # with run_job's --grace 1: a bound of 1.5 s
+    observer = RunningObserver(2)
+    signalled: list[float] = []
+    over = threading.Event()
+
+    def script(b: FaultyBackend, emit: Emit) -> None:
+        emit_all(emit, [Started("a"), Started("b")])
+        assert observer.running.wait(5)
+        if case != "connected-but-the-stop-word-lost":
+            assert keep_alive(emit, ["a"], until=lambda: "b" in b.reattached), "b never judged silent"
+        signalled.append(time.monotonic())
+        os.kill(os.getpid(), signum)
+        assert b.stopped.wait(5)
+        emit(Exited("a", 128 + signum))
+        answered, give_up = 0, time.monotonic() + 8.0
+        while not over.wait(0.05):  # b as the case has it, until `up` has ended
+            if time.monotonic() > give_up:  # `up` did not end: b ends, so the test fails rather than hangs
+                emit(Exited("b", 128 + signum))
+                return
+            if case == "connected-but-the-stop-word-lost":
+                emit(Alive("b"))
+            elif case == "re-attached-again-and-again-never-reporting" and len(b.reattached) > answered:
+                answered = len(b.reattached)
+                emit(Reattached("b"))
+
+    try:
+        result, _out, backend = run_job(script, tmp_path, observer=observer)
+        took = time.monotonic() - signalled[0]
+    finally:
+        over.set()
+    assert 1.5 <= took < 3.5, took
+    assert result.exit_code == 128 + signum and result.signal == signum
+    assert states(result) == {"a": RunState.STOPPED, "b": RunState.LOST}
+    assert result.loss is None and result.first_failure is None  # lost while it stopped: not the cause
+    assert backend.dropped == ["b"]  # no heartbeat goes to it any more: its node ends its part
+    (lost,) = [r for r in result.hosts if r.host == "b"]
+    assert re.match(r"b did not confirm the stop within \d+s \(its link ", lost.error or ""), lost.error
+    assert str(summary(result)["stopped_by"]).startswith("stopped by ")
+
+
+def test_a_ranks_own_error_replayed_after_a_peers_echo_is_the_failure_and_its_host_is_charged(
+        tmp_path: Path) -> None:
+    """Issue 54: SSH to b was cut while its rank failed; a's rank lost its peer, and that echo came
+    first and stopped the job. b's records, replayed once b is reached again, hold the earlier error
+    of its own: b is the host that failed, a was stopped, and the account charges b, as without the
+    cut."""
+    def script(b: FaultyBackend, emit: Emit) -> None:
+        emit_all(emit, [Started("a"), Started("b")])
+        emit_all(emit, [Milestone(h, RankPhase(local, 2 * (h == "b") + local, "step", time.time(), None, 1))
+                        for h in ("a", "b") for local in (0, 1)])  # every rank's first step: training
+        keep_alive(emit, ["a", "b"], for_s=0.2)
+        failed = time.time()  # b's rank, while b is cut off (not silent for long yet)
+        keep_alive(emit, ["a"], for_s=0.3)
+        echo = rank_error("Connection closed by peer [198.18.0.2]:4242", at=time.time())
+        emit(phase("a", 0, 0, "error", echo.timestamp or 0.0, error=echo))
+        assert b.stopped.wait(5)
+        own = rank_error("bad batch at step 20", "ValueError", rank=1, at=failed)
+        emit_all(emit, [Exited("a", 1), phase("b", 0, 1, "error", failed, error=own), Exited("b", 1)])
+
+    result, _out, _backend = run_job(script, tmp_path)
+    assert result.exit_code == 1 and result.loss is None
+    assert result.root_cause is not None and result.root_cause.error.kind == "ValueError"
+    assert result.first_failure is not None and result.first_failure.host == "b"
+    assert states(result) == {"a": RunState.STOPPED, "b": RunState.FAILED}
+    charged = account(read_events(path_of(tmp_path / result.job_id)))
+    assert list(charged.by_host()) == ["b"], charged
+
+
+def test_step_records_replayed_late_count_from_when_the_ranks_wrote_them(tmp_path: Path) -> None:
+    """A job that ended while b was cut off: b's last step records come a second later, replayed
+    once b is reached again. The account's productive time ends at the last step the ranks took,
+    not when we heard of it (the wait for b is shut-down time, as without the cut)."""
+    def steps(host: str, step: int, at: float) -> list[BackendEvent]:
+        number = 2 * (host == "b")
+        return [Milestone(host, RankPhase(local, number + local, "step", at, None, step)) for local in (0, 1)]
+
+    def script(b: FaultyBackend, emit: Emit) -> None:
+        emit_all(emit, [Started("a"), Started("b"), *steps("a", 1, time.time()), *steps("b", 1, time.time())])
+        keep_alive(emit, ["a", "b"], for_s=0.2)
+        last = time.time()  # the job's last step (b's ranks recorded it), then its end; b is not heard
+        emit_all(emit, [*steps("a", 49, last), Exited("a", 0)])
+        keep_alive(emit, ["a"], for_s=1.0)
+        emit_all(emit, [Reattached("b"), *steps("b", 50, last), Exited("b", 0)])
+
+    result, _out, _backend = run_job(script, tmp_path)
+    assert result.exit_code == 0
+    charged = account(read_events(path_of(tmp_path / result.job_id)))
+    assert 0.1 < charged.productive_s < 0.6, charged
 
 
 # -- the headline ----------------------------------------------------------------------------------

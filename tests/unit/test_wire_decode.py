@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from node_agent.ops import facts
-from node_agent.runtime.supervisor import rank_phase
+from node_agent.runtime.records import rank_phase
 from node_agent.wire import replies_jobs, replies_ports, replies_run, replies_top
 from node_agent.wire.replies import wire
 from orchestrator.errors import HostError, HostErrorKind

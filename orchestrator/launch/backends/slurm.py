@@ -29,6 +29,7 @@ from orchestrator.errors import HostError
 from orchestrator.hostops.slurm_jobs import SLURM_STACKS_TIMEOUT_S
 from orchestrator.hostops.stacks import StacksReport, assemble
 from orchestrator.launch.backends.base import DetachReport, Emit, Fenced, Notice, Resolved, supervise_request
+from orchestrator.launch.backends.node_messages import NodeMessages
 from orchestrator.launch.backends.slurm_events import (
     Kind,
     SlurmEvent,
@@ -41,7 +42,6 @@ from orchestrator.launch.backends.slurm_events import (
 from orchestrator.launch.backends.slurm_script import render_batch, sbatch_argv
 from orchestrator.launch.events import (
     Alive,
-    Checkpointed,
     Ended,
     Exited,
     Lost,
@@ -49,7 +49,6 @@ from orchestrator.launch.events import (
     Output,
     Problem,
     Reported,
-    Sampled,
     Scheduled,
     Started,
 )
@@ -69,7 +68,6 @@ from orchestrator.remote.agent import (
 from orchestrator.remote.pool import HostPool
 from orchestrator.remote.slurm_client import QueuedJob, node_script, on_every_node, slurm_client
 from orchestrator.remote.transport import OutputLine
-from orchestrator.remote.wire import parse_checkpoint, parse_rank_phase, parse_sample, parse_supervise
 from orchestrator.sync.core import Progress, SyncReport
 
 POLL_S = 1.0  # squeue, while the job runs
@@ -141,6 +139,7 @@ class SlurmBackend:
         self.runs_seen: set[tuple[int, int]] = set()
         self.endpoint: str | None = None  # host:port of the current run's rendezvous (from the batch shell)
         self.node_names: dict[str, str] = {}  # node0.. -> the Slurm node it ran on (last run)
+        self.messages: dict[str, NodeMessages] = {}  # node0.. -> its messages decoded (faults reported once)
 
     # -- before launch ----------------------------------------------------------------------
     def sync(self, job: Job, options: LaunchOptions, progress: Progress) -> SyncReport | None:
@@ -260,8 +259,10 @@ class SlurmBackend:
             emit(Output(host, (message.text,)))
             return
         event_name = message.name if isinstance(message, AgentEvent) else "result"
-        phase = parse_rank_phase(message.fields) if isinstance(message, AgentEvent) and event_name == "rank" else None
-        result = parse_supervise(message.data) if isinstance(message, AgentResult) else None
+        messages = self.messages.setdefault(host, NodeMessages(host, emit))
+        decoded = messages.event(message) if isinstance(message, AgentEvent) else None
+        phase = decoded.phase if isinstance(decoded, Milestone) else None
+        result = messages.result(message) if isinstance(message, AgentResult) else None
         if event_name in ("result", "error") or (phase is not None and phase.error is not None):
             # an end or a failure: first ask whether Slurm itself is ending the run
             clean = result is not None and result.exit_code == 0
@@ -286,16 +287,8 @@ class SlurmBackend:
                 emit(NoticeEvent(host, f"{host} is {message.get('hostname')} (Slurm job {sub.slurm_id}"
                                        + (f", run {run} after requeue)" if run else ")")))
             emit(Started(host, message.get("log"), message.get("hostname")))
-        elif event_name == "error":
-            emit(Problem(host, str(message.get("message"))))
-        elif phase is not None:
-            emit(Milestone(host, phase))
-        elif event_name == "sample" and isinstance(message, AgentEvent):
-            emit(Sampled(host, parse_sample(message.fields)))
-        elif event_name == "checkpoint" and isinstance(message, AgentEvent):
-            emit(Checkpointed(host, parse_checkpoint(message.fields)))
-        else:
-            emit(Alive(host))
+        else:  # an error, a milestone, a sample, a checkpoint; the host is there, whatever it said
+            emit(decoded if decoded is not None else Alive(host))
 
     def _release(self, sub: Submission, emit: Emit) -> None:
         """Slurm has said why it ends the job (or the job has ended): tell what was held, in order."""

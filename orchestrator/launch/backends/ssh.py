@@ -12,7 +12,8 @@ import json
 import socket
 import threading
 import time
-from collections.abc import Iterator, Sequence
+import traceback
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from inventory import Host, Job
@@ -24,19 +25,8 @@ from orchestrator.checks.model import ProbeResults
 from orchestrator.errors import HostError, HostErrorKind
 from orchestrator.hostops.stacks import StacksReport, collect
 from orchestrator.launch.backends.base import DetachReport, Emit, Fenced, Notice, Resolved, supervise_request
-from orchestrator.launch.events import (
-    Alive,
-    Checkpointed,
-    Exited,
-    Lost,
-    Milestone,
-    Output,
-    Problem,
-    Reattached,
-    Reported,
-    Sampled,
-    Started,
-)
+from orchestrator.launch.backends.node_messages import NodeMessages
+from orchestrator.launch.events import Alive, Exited, Lost, Output, Reattached, Reported
 from orchestrator.launch.faults import HEARTBEAT_EVERY, RETRY_EVERY
 from orchestrator.launch.options import LaunchOptions
 from orchestrator.launch.plan import HostLaunch, LaunchPlan
@@ -49,18 +39,11 @@ from orchestrator.launch.preflight import (
     settle_master_port,
     static_nprocs,
 )
-from orchestrator.remote.agent import AgentEvent, AgentResult, AgentStream, Batched, call_agent, start_agent
+from orchestrator.remote.agent import AgentResult, AgentStream, Batched, call_agent, start_agent
 from orchestrator.remote.pool import HostPool
 from orchestrator.remote.session import Session
 from orchestrator.remote.transport import OutputLine, Transport
-from orchestrator.remote.wire import (
-    parse_checkpoint,
-    parse_detached,
-    parse_down,
-    parse_rank_phase,
-    parse_sample,
-    parse_supervise,
-)
+from orchestrator.remote.wire import parse_detached, parse_down
 from orchestrator.sync.core import Progress, SyncReport, sync_job
 
 REPROBE_TIMEOUT_S = 20.0  # the watchdog's re-probe: each host's session must open within this
@@ -74,6 +57,7 @@ class HostLink:
     generation; only the current one's messages count."""
 
     launch: HostLaunch
+    messages: NodeMessages  # its messages decoded (each fault reported once, across sessions)
     lock: threading.Lock = field(default_factory=threading.Lock)
     generation: int = 0
     stream: AgentStream | None = None
@@ -164,9 +148,26 @@ class SshBackend:
     def start(self, plan: LaunchPlan, options: LaunchOptions, emit: Emit) -> None:
         self.plan, self.emit = plan, emit
         for launch in plan.hosts:
-            link = HostLink(launch)
+            link = HostLink(launch, NodeMessages(launch.host.name, emit))
             self.links[launch.host.name] = link
-            threading.Thread(target=self._run_host, args=(plan, link, options, emit), daemon=True).start()
+            self._thread(link, "run", self._run_host, plan, link, options, emit)
+
+    def _thread(self, link: HostLink, what: str, body: Callable[..., None], *args: object) -> None:
+        """A thread of `link`'s: whatever it raises is reported, never a traceback on stderr and never
+        a thread that ends unseen. Its host is lost through the fault model (a link nobody follows
+        would never end: issue 54), unless it is over already."""
+        def guarded() -> None:
+            try:
+                body(*args)
+            except Exception as exc:
+                if self.closed.is_set() or link.dropped:
+                    return
+                where = traceback.extract_tb(exc.__traceback__)[-1:]
+                at = f" at {where[0].filename}:{where[0].lineno}" if where else ""
+                self.emit(Lost(link.name, f"ddpctl's {what} of {link.name} failed: {exc!r}{at}; this is a ddpctl "
+                                          "bug, please report it"))
+
+        threading.Thread(target=guarded, name=f"ddpctl-{what}-{link.name}", daemon=True).start()
 
     def _run_host(self, plan: LaunchPlan, link: HostLink, options: LaunchOptions, emit: Emit) -> None:
         name = link.name
@@ -200,7 +201,7 @@ class SshBackend:
             word = self.stopping.get(link.name)
         if word is not None:  # stopped while it was connecting
             self._send(stream, word)
-        threading.Thread(target=self._heartbeats, args=(link, generation, stream), daemon=True).start()
+        self._thread(link, "heartbeats", self._heartbeats, link, generation, stream)
 
     def _follow(self, link: HostLink, generation: int, stream: AgentStream,
                 batches: Iterator[list[Batched]], emit: Emit) -> None:
@@ -221,7 +222,7 @@ class SshBackend:
                 elif isinstance(message, OutputLine):
                     pending.append(message.text)  # the agent's own stderr: shown with the output
                 elif isinstance(message, AgentResult):
-                    result = parse_supervise(message.data)
+                    result = link.messages.result(message)
                 elif message.name == "out":
                     with link.lock:
                         if link.generation != generation:
@@ -239,8 +240,8 @@ class SshBackend:
                         emit(Reattached(name))
                 elif message.name == "heartbeat":
                     emit(Alive(name, message.get("heard_s")))
-                else:
-                    emit(self._event(name, message))
+                elif (event := link.messages.event(message)) is not None:
+                    emit(event)
         if not link.current(generation):
             return
         if pending:
@@ -248,20 +249,6 @@ class SshBackend:
         if result is not None:
             emit(Reported(name, result))
         emit(Exited(name, stream.wait(5.0)))
-
-    @staticmethod
-    def _event(name: str, event: AgentEvent) -> Started | Problem | Alive | Milestone | Sampled | Checkpointed:
-        if event.name == "started":
-            return Started(name, event.get("log"), event.get("hostname"))
-        if event.name == "error":
-            return Problem(name, str(event.get("message")))
-        if event.name == "rank":
-            return Milestone(name, parse_rank_phase(event.fields))
-        if event.name == "sample":
-            return Sampled(name, parse_sample(event.fields))
-        if event.name == "checkpoint":
-            return Checkpointed(name, parse_checkpoint(event.fields))
-        return Alive(name)  # an event this version does not know: the host is there
 
     def _heartbeats(self, link: HostLink, generation: int, stream: AgentStream) -> None:
         """Each session its own beat: a stuck channel holds up no other host's heartbeats."""
@@ -283,7 +270,7 @@ class SshBackend:
             if link.reattaching or link.dropped:
                 return
             link.reattaching = True
-        threading.Thread(target=self._reattach, args=(link,), daemon=True).start()
+        self._thread(link, "re-attach", self._reattach, link)
 
     def _reattach(self, link: HostLink) -> None:
         try:
