@@ -45,6 +45,9 @@ class HostRun:
     nccl: NcclChoice | None = None  # what NCCL chose, with --nccl-debug
     tail: list[str] = field(default_factory=list)
     link_closed: bool = False  # lost because its connection closed (host or sshd died), not silence
+    # lost because it did not confirm a stop within its bound (faults.FaultLimits.stop_bound): `up`
+    # ended without its report, which is no evidence that the host failed (the host ledger keeps no fault)
+    stop_unconfirmed: bool = False
 
     @property
     def done(self) -> bool:

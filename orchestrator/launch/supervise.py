@@ -340,6 +340,7 @@ class Supervision:
         link = self.hosts.links[run.host]
         asked = time.monotonic() - (self.hosts.stop_since or time.monotonic())
         state = link.state.value + ("" if link.state is LinkState.CONNECTED else f" since {clock(link.since)}")
+        run.stop_unconfirmed = True
         self._mark_lost(run, f"{run.host} did not confirm the stop within {asked:.0f}s (its link {state}): `up` "
                              "ends without its report; its node ends its part on its own")
 

@@ -49,7 +49,10 @@ def record_attempt(job: Job, result: RunResult, lost: Mapping[str, str], faults:
         hosts = {h.name: h for h in job.inventory.hosts} | {h.name: h for h in job.hosts}
         names = {r.host: r.hostname for r in result.hosts}
         seen = [Sighting(h, names.get(h.name)) for h in job.hosts]
-        notes = fault_notes(hosts, lost, faults, result.findings)
+        # a host that only failed to confirm a stop in time (its link in a blip) is not a host fault
+        unconfirmed = {r.host for r in result.hosts if r.stop_unconfirmed}
+        notes = fault_notes(hosts, {h: why for h, why in lost.items() if h not in unconfirmed}, faults,
+                            result.findings)
     except Exception as exc:  # the ledger never stops a launch
         return [f"host ledger: attempt {result.job_id} not recorded ({exc})"]
     return (ledger or Ledger()).record(result.job_id, "up", seen, notes)

@@ -270,3 +270,21 @@ def test_a_broken_ledger_is_a_warning_and_the_launch_goes_on(tmp_path: Path, mon
     assert fake.hosts == [["a", "b", "c"]]
     assert any(n.startswith("warning: host ledger") and "corrupt" in n for n in seen.notices), seen.notices
     assert list(state.glob("hosts.sqlite.corrupt-*"))
+
+
+def test_a_host_that_only_did_not_confirm_a_stop_in_time_is_seen_not_charged(tmp_path: Path) -> None:
+    """Stopped by the user while its link was in a blip, a host that could not confirm the stop
+    within its bound is lost to that run (`up` ends without it), but that is no evidence it failed:
+    the ledger keeps no fault (a blip is not a death). One lost by silence is charged."""
+    from orchestrator.restarts import hostledger
+    from orchestrator.restarts.loop import lost_hosts
+
+    job = make_job(max_restarts=0)
+    for unconfirmed, kinds in ((True, []), (False, [EventKind.LOST])):
+        done = result(job, f"stop-{unconfirmed}")
+        run = next(r for r in done.hosts if r.host == "b")
+        run.state, run.error, run.stop_unconfirmed = RunState.LOST, "did not confirm the stop", unconfirmed
+        Ledger().path.unlink(missing_ok=True)
+        assert hostledger.record_attempt(job, done, lost_hosts(done), {}) == []
+        (row,) = Ledger().read([B]).hosts
+        assert row.runs == 1 and [e.kind for e in row.events] == kinds
