@@ -34,7 +34,7 @@ from orchestrator.doctor.gpu_health_round import gpu_health_round
 from orchestrator.errors import HostError, HostsFailed, LaunchBlocked
 from orchestrator.launch.backends.base import Backend
 from orchestrator.launch.events import Output
-from orchestrator.launch.inline import InlineProgram, train_jobs_sources
+from orchestrator.launch.inline import InlineProgram, shipped_program
 from orchestrator.launch.monitor_api import Action, JobView, Monitor, MonitorEvent, Quiet, Stop
 from orchestrator.launch.options import LaunchOptions
 from orchestrator.launch.plan import LaunchPlan
@@ -46,8 +46,8 @@ RESULT = "DDPCTL-DEEP "
 LINKS_BUDGET_S = 20.0  # seconds of tournament rounds before the covering schedule takes over
 EXCHANGE_BYTES = 2 << 20  # each way, per timed exchange
 DEADLINE_S = 120.0  # the job is stopped after this long without a line of output
-SOURCES = ("hostcheck/__init__.py", "hostcheck/verdict.py", "hostcheck/figures.py", "hostcheck/schedule.py",
-           "hostcheck/coordinate.py", "hostcheck/check.py")  # a module after those it imports
+FILES = ("hostcheck/verdict.py", "hostcheck/figures.py", "hostcheck/schedule.py", "hostcheck/coordinate.py",
+         "hostcheck/check.py")  # under train_jobs/; the last is the main module
 
 
 @dataclass
@@ -70,8 +70,7 @@ def checks() -> tuple[str, ...]:
 
 
 def program(links_budget: float, nbytes: int) -> InlineProgram:
-    return InlineProgram(train_jobs_sources(*SOURCES), "train_jobs.hostcheck.check",
-                         ("--links-budget", f"{links_budget:g}", "--bytes", str(nbytes)), per_host=True)
+    return shipped_program(FILES, ("--links-budget", f"{links_budget:g}", "--bytes", str(nbytes)), per_host=True)
 
 
 class StopAtResult(Quiet):

@@ -185,13 +185,14 @@ def test_a_single_host_job_exits_with_torchruns_own_code(tmp_path: Path) -> None
 
 
 def test_an_inline_program_runs_with_no_python_and_the_dry_run_plan_is_the_launched_plan(tmp_path: Path) -> None:
-    program = InlineProgram({"pkg": "", "pkg.main": "print('hi')"}, "pkg.main", ("--x", "a b"))
+    program = InlineProgram(("pkg", "pkg.main"), "pkg.main", ("--x", "a b"))
     backend = ScriptedBackend(lambda _b, emit: emit_all(emit, [Exited("a", 0), Exited("b", 0)]))
     result = core.launch(make_job(), backend, Collected(), LaunchOptions(runs_dir=tmp_path), inline=program)
     assert result.ok and backend.plan is not None
     a = backend.plan.hosts[0]
     assert "--no-python" in a.launcher and "--module" not in a.launcher
     assert a.program[:2] == ("/opt/py/bin/python", "-c") and a.program[-3:] == ("pkg.main", "--x", "a b")
+    assert a.modules == ("pkg", "pkg.main")  # the supervise request names them; the command line does not carry them
     dry = core.plan_job(make_job(), ScriptedBackend(lambda _b, _e: None))
     assert dry.hosts[0].program == ("train.py",) and "--no-python" not in dry.hosts[0].launcher
     assert dry.hosts[0].launcher == a.launcher[:-1]  # the same torchrun options, less --no-python
