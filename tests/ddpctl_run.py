@@ -27,15 +27,17 @@ def run_ddpctl(*args: str, timeout: float = 180, cwd: Path | None = None) -> sub
 
 def write_job(directory: Path, cluster: Cluster | None, name: str, args: Sequence[str] = (), *,
               script: Path = TOY, nproc: int = 2, backend: str = "static", port: int | str = "auto",
-              env: dict[str, str] | None = None, hosts: Sequence[str] | None = None) -> Path:
-    """A job.toml for `cluster` (None: this machine only). Values are JSON-quoted, valid TOML."""
+              env: dict[str, str] | None = None, hosts: Sequence[str] | None = None, pin_gloo: bool = True) -> Path:
+    """A job.toml for `cluster` (None: this machine only). Values are JSON-quoted, valid TOML.
+    `pin_gloo`: GLOO_SOCKET_IFNAME in the job's env (False: ddpctl sets it where it must, from the
+    hosts' routes)."""
     lines = [f"inventory = {json.dumps(str(cluster.hosts_toml))}"] if cluster else []
     lines += ["[job]", f"name = {json.dumps(name)}", f"script = {json.dumps(str(script))}",
               f"args = {json.dumps(list(args))}", f"nproc_per_node = {nproc}"]
     if hosts is not None:
         lines.append(f"hosts = {json.dumps(list(hosts))}")
     lines += ["[rendezvous]", f"master_port = {json.dumps(port)}", f"backend = {json.dumps(backend)}", "[env]"]
-    base = {"GLOO_SOCKET_IFNAME": "eth0" if cluster else "lo"}
+    base = {"GLOO_SOCKET_IFNAME": "eth0" if cluster else "lo"} if pin_gloo else {}
     lines += [f"{k} = {json.dumps(v)}" for k, v in {**base, **(env or {})}.items()]
     path = directory / f"{name}.toml"
     path.write_text("\n".join(lines) + "\n")

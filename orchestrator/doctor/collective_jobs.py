@@ -37,8 +37,10 @@ def run_collective(job: Job, backend: Backend, name: str, program: InlineProgram
     job = replace(job, name=name, nproc_per_node=nproc,
                   rendezvous=Rendezvous(job.rendezvous.master_addr, job.rendezvous.master_port, "static"))
     out = Collected()
+    # doctor has just run every check; a per-host program's hosts run each on its own: one that fails
+    # does not stop the others (its coordinator names it; doctor/deep_start.py stops a job without one)
     options = LaunchOptions(grace=3.0, hang_timeout=deadline, on_hang="stop", dump_stacks_on_hang=False,
-                            runs_dir=runs_dir, checks=False)  # doctor has just run every check
+                            runs_dir=runs_dir, checks=False, fail_fast=not program.per_host)
     result = core.launch(job, backend, out, options, inline=program, monitors=monitors)  # the hang timeout
     assert out.plan is not None
     return CollectiveRun(result, out, out.plan)

@@ -97,7 +97,7 @@ def test_figures_that_do_not_fit_their_declaration_are_refused(change: Any) -> N
 
 def fake_run(tmp_path: Path, lines: list[str], hosts: int = 4) -> CollectiveRun:
     plan = SimpleNamespace(hosts=[SimpleNamespace(node_rank=r, host=SimpleNamespace(name=f"node{r}"))
-                                  for r in reversed(range(hosts))])
+                                  for r in reversed(range(hosts))], master_addr="198.18.0.10", master_port=29500)
     result = SimpleNamespace(first_failure=None, hosts=[], run_dir=tmp_path / "run")
     output = SimpleNamespace(lines=[("node0", "0", line) for line in lines])
     return cast(CollectiveRun, SimpleNamespace(result=result, output=output, plan=plan))
