@@ -22,15 +22,14 @@ import pytest
 
 from orchestrator.remote.programs import SHIPPED, TRAIN_JOBS
 from tests.cluster import Cluster, require_cluster, start_cluster
-from tests.cluster_faults import cpu_quota, slow_link
-from tests.cluster_sys import all_netns_pids
+from tests.cluster_faults import Process, cpu_quota, job_processes, slow_link, store_cut_once_started
 from tests.ddpctl_run import ddpctl_argv, run_ddpctl, ssh_args, wait_for, write_job
 
 pytestmark = pytest.mark.cluster
 ENV = {"NCCL_IB_DISABLE": "1"}  # no GLOO_SOCKET_IFNAME: where a host's name resolves nowhere, ddpctl sets it
 DEEP = ("links", "compute")
 HOSTS = 8
-JOB_PREFIX = "DDPCTL_JOB_ID=ddpctl-deep-"
+JOB_PREFIX = "ddpctl-deep-"  # the host check's job ids
 RUN_BOUND_S = 400  # a run that takes longer is stuck (the test fails rather than hangs)
 LOOK_EVERY_S = 0.5  # how often a test looks at the check's processes while it runs (one pass over /proc)
 
@@ -39,26 +38,14 @@ LOOK_EVERY_S = 0.5  # how often a test looks at the check's processes while it r
 class Seen:
     """The host check's processes seen while it ran: pid -> (host index, command line, environment)."""
 
-    processes: dict[int, tuple[int, list[str], dict[str, str]]] = field(default_factory=dict)
+    processes: dict[int, Process] = field(default_factory=dict)
 
     @classmethod
     def now(cls, cluster: Cluster) -> Seen:
-        seen = cls()
-        seen.look(cluster)
-        return seen
+        return cls(job_processes(cluster, JOB_PREFIX))
 
     def look(self, cluster: Cluster) -> None:
-        pids = all_netns_pids([h.netns for h in cluster.hosts])  # one pass over /proc
-        for i, host in enumerate(cluster.hosts):
-            for pid in pids[host.netns]:
-                try:
-                    environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-                    cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:-1]
-                except OSError:
-                    continue
-                if any(e.startswith(JOB_PREFIX.encode()) for e in environ):
-                    env = dict(e.decode(errors="replace").partition("=")[::2] for e in environ if b"=" in e)
-                    self.processes[pid] = (i, [a.decode(errors="replace") for a in cmdline], env)
+        self.processes.update(job_processes(cluster, JOB_PREFIX))
 
 
 @pytest.fixture(scope="module")
@@ -210,24 +197,8 @@ def test_a_host_that_cannot_reach_node_0s_store_is_named_with_what_it_printed_an
     """Host 3's packets to the master port are dropped once its check is under way (before, doctor's
     own probe of that port would find the firewall first): its check starts and never joins."""
     cut = cluster8.hosts[3].name
-    blocked: list[str] = []
-
-    def block_once_started() -> None:
-        if blocked:
-            return
-        coordinators = {env["DDPCTL_COORDINATOR"] for i, _argv, env in Seen.now(cluster8).processes.values()
-                        if i == 3 and "DDPCTL_COORDINATOR" in env}
-        if coordinators:
-            addr, _, port = coordinators.pop().rpartition(":")
-            cluster8.iptables(3, "-I", "OUTPUT", "-p", "tcp", "-d", addr, "--dport", port, "-j", "DROP")
-            blocked.append(f"{addr}:{port}")
-
-    try:
-        report = deep(cluster8, tmp_path, block_once_started)
-    finally:
-        for store in blocked:
-            addr, _, port = store.rpartition(":")
-            cluster8.iptables(3, "-D", "OUTPUT", "-p", "tcp", "-d", addr, "--dport", port, "-j", "DROP")
+    with store_cut_once_started(cluster8, 3) as blocked:
+        report = deep(cluster8, tmp_path)
     assert blocked, "the check never started on host 3"
     assert flagged(report) == {"links": set(), "compute": {cut}}, report["findings"]
     named = one(report, "compute", cut)
