@@ -84,20 +84,24 @@ def _late(hosts: list[str], missed: Sequence[Missed], starts: StartReport | None
             out += [Late(hosts[r], f"did not finish its compute test in {m.after_s:.0f} s{took} (a starved or "
                                    "overloaded host)", m.after_s, m.others_s) for r in m.ranks]
         elif m.phase == "join":
-            out += [_not_joined(hosts[r], m, starts.hosts.get(hosts[r]) if starts else None, tails, store)
+            node0 = starts.hosts.get(hosts[0]) if starts else None
+            deadline = None if node0 is None or node0.started is None else node0.started + m.after_s
+            out += [_not_joined(hosts[r], m, starts.hosts.get(hosts[r]) if starts else None, deadline, tails, store)
                     for r in m.ranks]
     return out
 
 
-def _not_joined(host: str, m: Missed, start: HostStart | None, tails: Mapping[str, Sequence[str]],
-                store: str) -> Late:
-    """A host the coordinator named at its join deadline, told apart by what the watch saw of it: it
-    could not start (its node ended), or it started and never reached node 0's store (both errors:
-    a job could not start there either), or it was late (a warning: a starved or overloaded host)."""
+def _not_joined(host: str, m: Missed, start: HostStart | None, deadline: float | None,
+                tails: Mapping[str, Sequence[str]], store: str) -> Late:
+    """A host the coordinator named at its join deadline (`deadline`: when that was, on the watch's
+    clock), told apart by what the watch saw of it: it could not start (its node ended on its own),
+    or it started in time and never reached node 0's store while the check ran (both errors: a job
+    could not start there either), or it was late (a warning: a starved or overloaded host)."""
     evidence = printed(host, tails)
     if start is not None and start.ended is not None and start.started is None:
         return Late(host, f"could not start its host check ({start.ended})", m.after_s, m.others_s, True, evidence)
-    if start is not None and start.started is not None and not start.joined:
+    if (start is not None and start.started is not None and not start.joined
+            and (deadline is None or start.started <= deadline)):
         took = "" if m.others_s is None else f"; the others joined in {m.others_s:.1f} s"
         return Late(host, f"started its host check but did not reach node 0's store at {store} in {m.after_s:.0f} s"
                           f"{took}", m.after_s, m.others_s, True, evidence)

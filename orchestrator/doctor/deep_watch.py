@@ -38,7 +38,7 @@ class HostStart:
 
     started: float | None = None  # its start line (node 0: its store serving)
     joined: bool = False  # it reached node 0's store
-    ended: str | None = None  # its node ended before it joined (or node 0 before its figures): how
+    ended: str | None = None  # its node ended on its own before it joined (node 0: before its figures): how
 
 
 @dataclass(frozen=True)
@@ -96,8 +96,8 @@ class HostCheckWatch(Quiet):
             self.launched = now
         elif isinstance(event, Output) and event.host in self.starts:
             self._read(event.host, event.lines, now)
-        elif (how := _ended(event)) is not None and event.host in self.starts:
-            start = self.starts[event.host]
+        elif (how := _ended(event)) is not None and event.host in self.starts and not (self.stopped or job.stopping):
+            start = self.starts[event.host]  # it ended on its own: not stopped by us (at the figures) or a signal
             if start.ended is None and (not start.joined or event.host == self.hosts[0]):
                 start.ended = how
         return self._judge(now, job)

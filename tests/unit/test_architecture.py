@@ -143,8 +143,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("orchestrator.errors", "orchestrator.sizes"),  # errors that name a host; byte sizes as text
     # node_agent by role: its entry (__main__'s table of ops), the ops, the node runtime (the
     # supervisor), code that runs inside a rank, what the ops and the runtime read of the host, and
-    # the wire it shares with the control plane. train_jobs: the programs ddpctl ships inline (the
-    # control plane reads the deep check's pure rules from them; see test_the_control_plane_...).
+    # the wire it shares with the control plane. train_jobs: the programs ddpctl ships with its agent
+    # (the control plane reads the deep check's pure rules from them; see test_the_control_plane_...).
     ("node_agent",),
     ("node_agent.ops",),
     ("node_agent.runtime",),

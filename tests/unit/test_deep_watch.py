@@ -67,6 +67,7 @@ def drive(timeline: Timeline, until: float,
         while pending and pending[0][0] <= sim.t:
             asked += [(sim.t, a) for a in watch.on_event(pending.pop(0)[1], job)]
         asked += [(sim.t, a) for a in watch.on_tick(job)]
+        job.stopping = job.stopping or any(isinstance(a, Stop) for _, a in asked)  # as the core does
         sim.sleep(TICK)
     return watch, asked
 
@@ -134,6 +135,17 @@ def test_a_worker_that_fails_or_never_starts_is_left_to_the_coordinator() -> Non
     assert hosts["node3"].started == 12.0 and not hosts["node3"].joined
 
 
+def test_a_host_stopped_after_the_figures_did_not_end_on_its_own() -> None:
+    """node3 never started; the figures came, the hosts still at it were stopped: its end is ours,
+    and the coordinator's verdict (late) stands, not 'could not start'."""
+    timeline = [*launch(), (12.0, serving()), *((12.0, started(h, r)) for r, h in enumerate(HOSTS[1:3], 1)),
+                (30.0, Output("node0", [f"[default0]:{RESULT}{{}}"])), (31.0, Exited("node3", 1)),
+                (31.0, Exited("node0", 0))]
+    watch, asked = drive(timeline, until=60)
+    assert stops(asked) == [(30.0, AT_RESULT)]
+    assert watch.report().hosts["node3"].ended is None and watch.report().hosts["node0"].ended is None
+
+
 def test_a_job_someone_else_stops_is_not_blamed_on_node_0() -> None:
     watch, asked = drive([*launch(), (5.0, Exited("node0", 143))], until=100, stopping=True)
     assert stops(asked) == [] and watch.report().named == ()
@@ -198,6 +210,9 @@ def test_without_a_coordinator_each_host_not_started_is_named_with_what_it_print
     ([], "did not start its host check in 10 s; the others started in 0.1 s (a starved or overloaded host)",
      CheckStatus.WARN),
     ([(9.0, started("node3", 3)), (40.0, joined("node3", 3))],  # joined after the deadline: late, not cut off
+     "did not start its host check in 10 s; the others started in 0.1 s (a starved or overloaded host)",
+     CheckStatus.WARN),
+    ([(16.0, started("node3", 3))],  # started after its deadline (node 0 served at 5 s, + 10 s): late
      "did not start its host check in 10 s; the others started in 0.1 s (a starved or overloaded host)",
      CheckStatus.WARN),
 ])
