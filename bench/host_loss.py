@@ -9,7 +9,9 @@
     (target: both <= 2 s). node2's sshd is started again for the next run.
 (b) partition: node2's link is cut (Cluster.link_down: packets vanish). Measured from the cut:
     `ddpctl up` exited (target <= lost_after + 5 s), every job process on the other hosts gone, and,
-    the link still down, node2's own supervisor stopping its ranks (its job processes gone). The
+    the link still down, node2's own supervisor stopping its ranks (its job processes gone). Meanwhile
+    `ddpctl top JOB --once --connect-timeout 2`, started at the cut, answers naming node2 unreachable:
+    its wall time (tests/integration/test_top_cluster.py asserts the answer, not how soon). The
     link comes back for the next run.
 lost_after is the silence after which the controller calls a host lost: `--lost-after` (default
 10) is passed where ddpctl accepts it; where it does not (exit 2, "No such option"), ddpctl runs
@@ -24,6 +26,7 @@ import contextlib
 import json
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -142,6 +145,20 @@ class Partition:
     code: int | None = None
     first: str | None = None
     broken: str = ""
+    top: float | None = None  # `ddpctl top --once`, started at the cut: its wall time
+
+
+def timed_top(ddpctl: Ddpctl, cluster: Cluster, job_id: str, into: list[float]) -> threading.Thread:
+    """`ddpctl top JOB --once` in a thread, its wall time appended to `into` once it answers."""
+    def run() -> None:
+        started = time.monotonic()
+        ddpctl.run("top", job_id, "-i", str(cluster.hosts_toml), "--once", "--json", "--interval", "0.5",
+                   "--connect-timeout", "2", "--ssh-config", str(cluster.ssh_config), timeout=120)
+        into.append(time.monotonic() - started)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
 
 
 def partition(ddpctl: Ddpctl, cluster: Cluster, tmp: Path, serial: int, flags: list[str], lost_after: float,
@@ -158,15 +175,19 @@ def partition(ddpctl: Ddpctl, cluster: Cluster, tmp: Path, serial: int, flags: l
         t0 = time.time()
         cluster.link_down(victim)
         cut = True
+        top: list[float] = []
+        topping = timed_top(ddpctl, cluster, s.job_id, top)
         deadline = time.monotonic() + lost_after + opts.cap
         while time.monotonic() < deadline:
             done = [watch_others.poll(), watch_victim.poll(), s.child.done]
             if all(done):
                 break
             time.sleep(POLL_S)
+        topping.join(opts.cap)
         return Partition(None if s.child.ended is None else s.child.ended - t0,
                          None if watch_others.at is None else watch_others.at - t0,
-                         None if watch_victim.at is None else watch_victim.at - t0, s.child.code, first_failure(s))
+                         None if watch_victim.at is None else watch_victim.at - t0, s.child.code, first_failure(s),
+                         top=top[0] if top else None)
     finally:
         kill_job(cluster, [s.child], s.job_id)
         if cut:
@@ -211,7 +232,8 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"partition {i + 1}: " + (f"broken: {b.broken}" if b.broken else
                           f"cut -> ddpctl exited {secs(b.exited, cap)} (exit {b.code}, first failure {b.first}), "
                           f"-> other hosts' job processes gone {secs(b.others_gone, cap)}, -> {victim} stopped its "
-                          f"own ranks {secs(b.victim_gone, cap)}"), flush=True)
+                          f"own ranks {secs(b.victim_gone, cap)}; `ddpctl top --once` answered in "
+                          f"{secs(b.top, opts.cap)}"), flush=True)
     good_a = [a for a in deaths if not a.broken]
     good_b = [b for b in parts if not b.broken]
     print(f"\nsummary (medians over runs; lost_after {lost_after:g}s: {how})")
@@ -232,7 +254,9 @@ def main(argv: list[str] | None = None) -> int:
               f"{', '.join(secs(b.exited, cap) for b in good_b)}")
         others = median([b.others_gone for b in good_b])
         print(f"             cut -> other hosts' job processes gone {secs(others, cap)}"
-              f", -> the cut-off host stopped its own ranks {secs(median([b.victim_gone for b in good_b]), cap)}")
+              f", -> the cut-off host stopped its own ranks {secs(median([b.victim_gone for b in good_b]), cap)}"
+              f"; `ddpctl top --once` (the cut-off host unreachable) answered in "
+              f"{secs(median([b.top for b in good_b]), opts.cap)}")
     broken = len(deaths) - len(good_a) + len(parts) - len(good_b)
     return 1 if broken or not (good_a or good_b) else 0
 

@@ -1,16 +1,19 @@
 """Slow-host faults on a namespace cluster (../shared/CLUSTER-RECIPE.md, "A slow link and a slow
-host"): a token-bucket rate limit on both ends of one host's link, and a CPU quota on everything a
-host's sshd starts from now on. Each is a context manager that undoes itself."""
+host"): a token-bucket rate limit on both ends of one host's link, a CPU quota on everything a
+host's sshd starts from now on, and a job's store cut off from one host once its part of the job
+runs. Each is a context manager that undoes itself."""
 
 from __future__ import annotations
 
 import os
 import subprocess
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from tests.cluster import Cluster, ClusterError
+from tests.cluster_sys import all_netns_pids
 
 CPU_CGROUPS = Path("/sys/fs/cgroup/cpu")
 
@@ -59,3 +62,55 @@ def cpu_quota(cluster: Cluster, i: int, percent: int) -> Iterator[None]:
             with suppress(OSError):
                 os.rmdir(group)
                 break
+
+
+Process = tuple[int, list[str], dict[str, str]]  # host index, argv, environment
+
+
+def job_processes(cluster: Cluster, job_prefix: str) -> dict[int, Process]:
+    """pid -> (host, argv, environment) of every process on the cluster whose DDPCTL_JOB_ID starts
+    with `job_prefix` (one pass over /proc)."""
+    needle = f"DDPCTL_JOB_ID={job_prefix}".encode()
+    pids = all_netns_pids([h.netns for h in cluster.hosts])
+    found: dict[int, Process] = {}
+    for i, host in enumerate(cluster.hosts):
+        for pid in pids[host.netns]:
+            try:
+                environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:-1]
+            except OSError:
+                continue
+            if any(e.startswith(needle) for e in environ):
+                env = dict(e.decode(errors="replace").partition("=")[::2] for e in environ if b"=" in e)
+                found[pid] = (i, [a.decode(errors="replace") for a in cmdline], env)
+    return found
+
+
+@contextmanager
+def store_cut_once_started(cluster: Cluster, i: int, job_prefix: str = "ddpctl-deep-") -> Iterator[list[str]]:
+    """Host `i`'s packets to a per-host job's coordinator (its DDPCTL_COORDINATOR, host:port) dropped
+    from the moment its part of the job runs (before, doctor's own probe of that port would find the
+    firewall first). Yields the list the cut store's host:port is appended to."""
+    cut: list[str] = []
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(0.2):
+            stores = {env["DDPCTL_COORDINATOR"] for host, _argv, env in job_processes(cluster, job_prefix).values()
+                      if host == i and "DDPCTL_COORDINATOR" in env}
+            if stores:
+                addr, _, port = stores.pop().rpartition(":")
+                cluster.iptables(i, "-I", "OUTPUT", "-p", "tcp", "-d", addr, "--dport", port, "-j", "DROP")
+                cut.append(f"{addr}:{port}")
+                return
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        yield cut
+    finally:
+        done.set()
+        watcher.join(5)
+        for store in cut:
+            addr, _, port = store.rpartition(":")
+            cluster.iptables(i, "-D", "OUTPUT", "-p", "tcp", "-d", addr, "--dport", port, "-j", "DROP")

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import importlib
 import json
 import os
 import signal
@@ -33,11 +32,20 @@ from node_agent.runtime.attach import listen, serve
 from node_agent.runtime.attempt_mark import claim
 from node_agent.runtime.metrics_file import JobLabels, MetricsFile, job_text, sweep
 from node_agent.runtime.nccl_log import parse_files
+from node_agent.runtime.programs import module_source, write_program, write_source
 from node_agent.runtime.quiet import QuietSignalTracebacks
 from node_agent.runtime.ranklogs import RankLogs
 from node_agent.runtime.records import checkpoint_message, is_rank_record, rank_error, rank_message, sample_message
 from node_agent.runtime.uplink import Sink, Uplink
-from node_agent.wire.layout import ATTEMPT_MARK, DOWN_MARK, STOPPED_BY_DOWN, STOPPED_BY_SIGNAL, node_state_dir
+from node_agent.wire.layout import (
+    ATTEMPT_MARK,
+    DOWN_MARK,
+    PROGRAM_DIR,
+    PROGRAM_DIR_ENV,
+    STOPPED_BY_DOWN,
+    STOPPED_BY_SIGNAL,
+    node_state_dir,
+)
 from node_agent.wire.protocol import emit_event
 from node_agent.wire.replies import wire
 from node_agent.wire.replies_run import RANK_ENDS, DetachedStart, NcclChoice, RankError, SuperviseResult
@@ -127,9 +135,7 @@ class Supervisor:
         (self.dir / "bin").mkdir(exist_ok=True, mode=0o700)  # "torchrun" itself is the log dir
         for module_name, file_name in (("node_agent.rank.rankwrap", "rankwrap.py"),
                                        ("node_agent.rank.torchrun", "bin/torchrun")):
-            module = importlib.import_module(module_name)
-            source = module.__loader__.get_source(module.__name__)  # type: ignore[union-attr]
-            (self.dir / file_name).write_text(source)
+            write_source(self.dir / file_name, module_source(module_name)[1])
         self.rank_dir.mkdir(exist_ok=True, mode=0o700)
 
     def scan_ranks(self) -> None:
@@ -222,6 +228,8 @@ class Supervisor:
         env[NODE_RANK_ENV] = str(self.node_rank)
         if self.wrap:
             env["DDPCTL_RANK_DIR"] = str(self.rank_dir)
+        if self.request.modules:
+            env[PROGRAM_DIR_ENV] = str(self.dir / PROGRAM_DIR)
         if self.request.nccl_debug:
             env.update(NCCL_DEBUG="INFO", NCCL_DEBUG_SUBSYS="INIT,NET",
                        NCCL_DEBUG_FILE=str(self.dir / "nccl.%h.%p.log"))
@@ -255,6 +263,8 @@ class Supervisor:
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         if self.wrap:
             self.write_wrapper()
+        if self.request.modules:  # an inline program: its modules, from the agent's own copy
+            write_program(self.dir / PROGRAM_DIR, self.request.modules)
         # both closed by run() once torchrun and its output's readers are done (append() from two threads)
         self.log = open(str(self.log_path), "ab", buffering=0)  # noqa: SIM115
         self.index = open(str(self.dir / "output.idx"), "ab", buffering=0)  # noqa: SIM115

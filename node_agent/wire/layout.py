@@ -10,6 +10,10 @@ from pathlib import Path
 STATE_ROOT_ENV = "DDPCTL_STATE_ROOT"  # overrides ~/.ddpctl (tests, a shared home)
 STATE_DIR = ".ddpctl"  # under the home directory
 RUNS = "runs"  # <state root>/runs/<job id>/node<rank>: a job's run state on a host
+# A node's run state: the shipped modules a launch's program runs (SuperviseRequest.modules), written
+# there for torchrun; its processes find the folder in this variable (orchestrator/launch/inline.py's RUNNER).
+PROGRAM_DIR = "program"
+PROGRAM_DIR_ENV = "DDPCTL_PROGRAM_DIR"
 
 # A node's run state: `ddpctl down` stopped it (who, when), and the start of its stop reason then.
 DOWN_MARK = "down.json"

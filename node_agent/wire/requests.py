@@ -29,6 +29,7 @@ class SuperviseRequest:
     node_rank_env: str = ""  # a scheduler numbers the nodes: read the rank from this variable (Slurm: SLURM_PROCID)
     launcher: Tuple[str, ...] = ()  # torchrun's argv up to the program
     program: Tuple[str, ...] = ()  # the script (or the inline program) and its arguments
+    modules: Tuple[str, ...] = ()  # an inline program's modules (shipped with the agent), written out for it
     env: Dict[str, str] = field(default_factory=dict)  # the job's environment (it travels on the channel)
     cwd: str = ""  # where torchrun runs ("~/proj" is the login's home here, as in a shell)
     grace: float = 10.0  # seconds between SIGTERM and SIGKILL when the job stops

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from orchestrator.checks.base import info, ok, warn
+from orchestrator.checks.base import fail, info, ok, warn
 from orchestrator.checks.model import Basis, Finding
 from orchestrator.checks.spec import CheckSpec, Runs
 from train_jobs.hostcheck.verdict import SLOW_COMPUTE, slow_among_peers  # below half the peers' median is slow
@@ -62,6 +62,16 @@ class Late:
     text: str  # "did not finish its compute test in 5 s; the others took 0.3 s"
     after_s: float
     others_s: float | None
+    failed: bool = False  # it could not start at all (its check ended, or never reached node 0): an error
+    evidence: str = ""  # what the host printed (the tail of its output); else the deadline
+
+
+def late_finding(m: Late) -> Finding:
+    """A host named for a deadline it missed: a warning (late: starved or overloaded), or an error
+    where it could not start at all."""
+    return (fail if m.failed else warn)(CHECK, m.host, m.text, m.evidence or f"deadline {m.after_s:.1f} s",
+                                        CPU_FIX + "; or the host is unreachable from the master at the job's port",
+                                        basis=Basis(0, (), (), m.others_s, "s"))
 
 
 def compute_findings(hosts: Sequence[str], rates: Sequence[DeviceRate], slow: float = SLOW_COMPUTE,
@@ -73,10 +83,7 @@ def compute_findings(hosts: Sequence[str], rates: Sequence[DeviceRate], slow: fl
     missed = {m.host: m for m in late}
     for host in hosts:
         if host in missed:
-            m = missed[host]
-            out.append(warn(CHECK, host, m.text, f"deadline {m.after_s:.1f} s", CPU_FIX + "; or the host is "
-                            "unreachable from the master at the job's port",
-                            basis=Basis(0, (), (), m.others_s, "s")))
+            out.append(late_finding(missed[host]))
             continue
         own = [r for r in rates if r.host == host]
         evidence = ", ".join(f"{r.device} {flops_text(r.tflops)} ({r.model})" for r in own)

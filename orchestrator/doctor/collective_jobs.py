@@ -1,5 +1,5 @@
-"""Short collective jobs (smoke test, bandwidth) through the launch core, shipped inline: the
-hosts need torch but not this repository."""
+"""Short collective jobs (smoke test, bandwidth) through the launch core, shipped with the agent
+(orchestrator/launch/inline.py): the hosts need torch but not this repository."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 from inventory import Job, Rendezvous
 from orchestrator.launch import core
 from orchestrator.launch.backends.base import Backend
-from orchestrator.launch.inline import InlineProgram, train_jobs_sources
+from orchestrator.launch.inline import InlineProgram, shipped_program
 from orchestrator.launch.monitor_api import MonitorFactory
 from orchestrator.launch.observer import Collected
 from orchestrator.launch.options import LaunchOptions
@@ -37,25 +37,32 @@ def run_collective(job: Job, backend: Backend, name: str, program: InlineProgram
     job = replace(job, name=name, nproc_per_node=nproc,
                   rendezvous=Rendezvous(job.rendezvous.master_addr, job.rendezvous.master_port, "static"))
     out = Collected()
+    # doctor has just run every check; a per-host program's hosts run each on its own: one that fails
+    # does not stop the others (its coordinator names it; doctor/deep_start.py stops a job without one)
     options = LaunchOptions(grace=3.0, hang_timeout=deadline, on_hang="stop", dump_stacks_on_hang=False,
-                            runs_dir=runs_dir, checks=False)  # doctor has just run every check
+                            runs_dir=runs_dir, checks=False, fail_fast=not program.per_host)
     result = core.launch(job, backend, out, options, inline=program, monitors=monitors)  # the hang timeout
     assert out.plan is not None
     return CollectiveRun(result, out, out.plan)
 
 
+def smoke_program() -> InlineProgram:
+    return shipped_program(("smoke.py",))
+
+
+def bandwidth_program(max_bytes: str) -> InlineProgram:
+    return shipped_program(("common.py", "allreduce_bench/bench.py"),
+                           ("--json", "--max-bytes", max_bytes, "--iters", "5", "--warmup", "2"))
+
+
 def smoke(job: Job, backend: Backend, runs_dir: Path, deadline: float = 60.0) -> CollectiveRun:
-    program = InlineProgram(train_jobs_sources("smoke.py"), "train_jobs.smoke")
-    return run_collective(job, backend, "ddpctl-smoke", program, runs_dir, deadline)
+    return run_collective(job, backend, "ddpctl-smoke", smoke_program(), runs_dir, deadline)
 
 
 def bandwidth(job: Job, backend: Backend, runs_dir: Path, max_bytes: str = "64M",
               deadline: float = 300.0) -> tuple[CollectiveRun, dict[str, Any] | None]:
     """The allreduce_bench job across the hosts; returns its BANDWIDTH json (rank 0's)."""
-    sources = train_jobs_sources("common.py", "allreduce_bench/__init__.py", "allreduce_bench/bench.py")
-    program = InlineProgram(sources, "train_jobs.allreduce_bench.bench",
-                            ("--json", "--max-bytes", max_bytes, "--iters", "5", "--warmup", "2"))
-    run = run_collective(job, backend, "ddpctl-bandwidth", program, runs_dir, deadline)
+    run = run_collective(job, backend, "ddpctl-bandwidth", bandwidth_program(max_bytes), runs_dir, deadline)
     return run, result_line(run, "BANDWIDTH ")
 
 

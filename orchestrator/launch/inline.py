@@ -1,43 +1,30 @@
-"""Programs shipped inline: `python -c <loader>` with the modules it needs embedded, so a host needs
-torch but not this repository. torchrun runs such a program with --no-python."""
+"""Programs ddpctl runs on the hosts itself (doctor's smoke test, bandwidth table and deep host check):
+a host needs torch but not this repository. Their modules travel with the node agent, cached on each
+host under its key (orchestrator/remote/programs.py declares them); a launch names the ones its
+program runs (the supervise request's `modules`), the node's supervisor writes them into the job's
+state directory and sets $DDPCTL_PROGRAM_DIR, and torchrun runs them (--no-python) through RUNNER, a
+constant: the command line every `ps` shows is a few hundred bytes, whatever the program's size."""
 
 from __future__ import annotations
 
-import base64
-import json
-import zlib
-from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 
-import train_jobs
+from node_agent.wire.layout import PROGRAM_DIR_ENV
+from orchestrator.remote.programs import modules_of
 
-TRAIN_JOBS = Path(train_jobs.__file__).parent
-
-LOADER = """\
-import base64, json, sys, types, zlib
-srcs = json.loads(zlib.decompress(base64.b64decode(sys.argv[1])))
-main = sys.argv[2]
-sys.argv = [main] + sys.argv[3:]
-for name in sorted(srcs):
-    if name != main:
-        mod = types.ModuleType(name)
-        if "." not in name:
-            mod.__path__ = []
-        sys.modules[name] = mod
-for name in srcs:
-    if name != main:
-        exec(compile(srcs[name], name, "exec"), sys.modules[name].__dict__)
-exec(compile(srcs[main], main, "exec"), {"__name__": "__main__", "__file__": main})
-"""
+# `python -c RUNNER <main module> <args...>`: the program's folder first on the path (before the
+# job's workdir, which may hold another train_jobs), then its main module run as __main__, with
+# sys.argv as `python -m <main> <args...>` would give it. Never built from user data.
+RUNNER = (f"import os, runpy, sys; sys.path.insert(0, os.environ[{PROGRAM_DIR_ENV!r}]); del sys.argv[0]; "
+          "runpy.run_module(sys.argv[0], run_name='__main__', alter_sys=True)")
 
 
 @dataclass(frozen=True)
 class InlineProgram:
-    """`main` run with `modules` importable, none of them needing to exist on the host; they run
-    in the order given (a module after those it imports)."""
+    """`main` run with `modules` importable (module names, each shipped with the agent: `program`
+    makes them from train_jobs' files), none of them needing to exist on the host beforehand."""
 
-    modules: Mapping[str, str]  # module name -> source
+    modules: tuple[str, ...]
     main: str
     args: tuple[str, ...] = ()
     # each host runs it on its own (torchrun --standalone, no rendezvous between hosts); it finds
@@ -45,15 +32,11 @@ class InlineProgram:
     per_host: bool = False
 
     def argv(self, python: str) -> tuple[str, ...]:
-        blob = base64.b64encode(zlib.compress(json.dumps(dict(self.modules)).encode(), 9)).decode()
-        return (python, "-c", LOADER, blob, self.main, *self.args)
+        return (python, "-c", RUNNER, self.main, *self.args)
 
 
-def train_jobs_sources(*relative: str) -> dict[str, str]:
-    """The sources of train_jobs modules (paths relative to train_jobs/), keyed by module name, in
-    the order given (a module after those it imports)."""
-    out = {"train_jobs": (TRAIN_JOBS / "__init__.py").read_text()}
-    for rel in relative:
-        name = "train_jobs." + rel.removesuffix(".py").replace("/", ".")
-        out[name] = (TRAIN_JOBS / rel).read_text()
-    return out
+def shipped_program(files: tuple[str, ...], args: tuple[str, ...] = (), per_host: bool = False) -> InlineProgram:
+    """The program whose main module is the last of `files` (paths relative to train_jobs/, each
+    shipped: programs.SHIPPED), with the packages above them."""
+    modules = modules_of(*files)
+    return InlineProgram(modules, modules[-1], args, per_host)

@@ -23,6 +23,9 @@ class LaunchOptions:
     runs_dir: Path = Path("runs")  # run logs and summary.json go to runs_dir/<job id>/
     run_dir: Path | None = None  # this launch's own directory instead (a restart's attempt-<n>/)
     checks: bool = True  # the pre-launch checks (--no-checks turns them off)
+    # a host that fails stops the job on every host; False: each host runs on its own (a per-host
+    # program: doctor --deep), and a monitor decides when the job stops
+    fail_fast: bool = True
     sync: bool = True  # copy the source to the hosts first, where the job has [sync] (--no-sync)
     lost_after: float | None = None  # a silent host is lost after this long (None: the job file's
     # [supervise] lost_after, else the fault model's default: orchestrator/launch/faults.py)

@@ -65,6 +65,7 @@ class HostLaunch:
     # the global rank of its local rank 0: the ranks of the hosts before it (they may run more or
     # fewer processes: torchrun numbers the ranks by each node's own count); None: node_rank * nproc
     first_rank: int | None = None
+    modules: tuple[str, ...] = ()  # an inline program's modules: its node's supervisor writes them out for it
 
     def argv(self, log_dir: str | None = None, wrapper: str | None = None) -> list[str]:
         """The command the node runs (its supervisor adds its own log dir and wrapper path)."""
@@ -100,7 +101,8 @@ class LaunchPlan:
 
 def program_argv(job: Job, host: Host, inline: InlineProgram | None = None) -> list[str]:
     """The script (or `-m module`, as the rank wrapper takes it) and the job's own arguments; or
-    an inline program's full argv (torchrun runs it with --no-python, unwrapped)."""
+    an inline program's full argv (torchrun runs it with --no-python, unwrapped; its modules travel
+    in the supervise request, not here)."""
     if inline is not None:
         return list(inline.argv(host.python))
     return [*(["-m", job.module] if job.module else [job.script or ""]), *job.args]
@@ -115,8 +117,9 @@ def launcher_argv(job: Job, host: Host, node_rank: int, nproc: int, master_addr:
     the c10d rendezvous store (the endpoint is the master's address)."""
     argv = [host.python, "-m", "torch.distributed.run", "--nnodes", "1" if per_host else str(len(job.hosts)),
             "--nproc-per-node", str(nproc)]
-    if per_host:  # a world of its own on each host: no host waits for another to start
-        argv += ["--standalone"]
+    if per_host:  # a world of its own on each host: no host waits for another to start; its
+        # workers dial their own agent's store on loopback, never by the host's name (which may resolve nowhere)
+        argv += ["--standalone", "--local-addr", "127.0.0.1"]
     elif job.slurm is not None:  # the endpoint is the allocation's first node: the batch script sets it
         argv += ["--rdzv-backend", "c10d", "--rdzv-id", job_id]
         if job.slurm.requeue:  # the early warning reaches the ranks as a Python signal
@@ -180,7 +183,7 @@ def build_plan(job: Job, job_id: str, nprocs: Mapping[str, int], master_port: in
                picked_env: Mapping[str, Mapping[str, str]] | None = None,
                local_addrs: Mapping[str, str] | None = None) -> LaunchPlan:
     """One HostLaunch per selected host, in node-rank order. `nprocs` is resolved per host;
-    `inline` replaces the job's script with a program shipped on the command line; `master_addr`,
+    `inline` replaces the job's script with a program ddpctl ships with its agent; `master_addr`,
     `picked_env` and `local_addrs` (per host: the address it reported, checks/addressing.py
     Addressing.own) are what the hosts' routes settled."""
     local_only = all(h.is_local for h in job.hosts)
@@ -202,7 +205,7 @@ def build_plan(job: Job, job_id: str, nprocs: Mapping[str, int], master_port: in
             program=tuple(program_argv(job, host, inline)),
             env={**host_env(job, host, job_id, (picked_env or {}).get(host.name)),
                  **(per_host_env(rank, len(job.hosts), master_addr, master_port) if per_host else {})},
-            cwd=job.workdir_for(host), wrapped=inline is None,
+            cwd=job.workdir_for(host), wrapped=inline is None, modules=inline.modules if inline is not None else (),
         ))
         first += nproc
     return LaunchPlan(job=job, job_id=job_id, master_addr=master_addr, master_port=master_port,

@@ -117,7 +117,7 @@ class Supervision:
         if self.record.first_failure is None:
             self.record.first_failure = run
             self.timeline.add(ev.FAILED, host=run.host, cause=what, why=why)
-            if not self.stopping:
+            if not self.stopping and self.options.fail_fast:
                 self.stop_was_consequence = consequence
                 self.stop_all(False, f"{run.host} {what} ({why}); stopping the job on every host", failed=True)
 

@@ -21,6 +21,7 @@ from typing import Any
 import node_agent
 from node_agent.wire.protocol import EVENT_PREFIX, RESULT_PREFIX, parse_line
 from orchestrator.errors import HostError, HostErrorKind
+from orchestrator.remote.programs import shipped_sources
 from orchestrator.remote.transport import (
     Chunk,
     CommandResult,
@@ -32,15 +33,17 @@ from orchestrator.remote.transport import (
 )
 
 # Runs on the host under `python -c`. It is a constant, never built from user data. It reads a line
-# "<length> <key>", that many bytes of node_agent's sources (zlib'd JSON: none when the call sends
-# only the key) and the request line. The key names the sources and this text. A host runs the
-# code objects it cached for that key (one file per key and interpreter build under the user's
-# cache directory, written 0600 and atomically, read only when the user owns it and no one else may
-# write it, the trust Python gives __pycache__, and when its hash matches its content). A call that
-# sent only the key hears first whether the host has it (an `agent` event); if not, the sources
-# follow on stdin, in the same round trip, and a second `agent` event says what the host did with
-# them ("written", "not written: <why>": doctor's ssh line shows it). Where the cache cannot be
-# written, each module compiles when imported and each call sends the sources.
+# "<length> <key>", that many bytes of the agent's sources (node_agent's and the programs doctor runs,
+# programs.py; zlib'd JSON: none when the call sends only the key) and the request line. The key
+# names the sources and this text. A host runs the code objects it cached for that key (one file
+# per key and interpreter build under the user's cache directory, written 0600 and atomically, read
+# only when the user owns it and no one else may write it, the trust Python gives __pycache__, and
+# when its hash matches its content). A call that sent only the key hears first whether the host
+# has it (an `agent` event); if not, the sources follow on stdin, in the same round trip, and a
+# second `agent` event says what the host did with them ("written", "not written: <why>": doctor's
+# ssh line shows it). Where the cache cannot be written, each module compiles when imported and
+# each call sends the sources. A program's modules are never imported here: the supervisor reads
+# their sources through this finder (node_agent/runtime/programs.py) and writes them out.
 # A plain finder/loader: importlib.abc and importlib.util would cost every call ~7 ms of imports.
 BOOTSTRAP = """\
 import sys, os, marshal, importlib.machinery as m
@@ -145,14 +148,17 @@ LAUNCHER = 'P="$1"; command -v "$P" >/dev/null 2>&1 || P=python3; exec "$P" -S -
 
 @functools.cache
 def agent_code() -> tuple[str, bytes]:
-    """node_agent's key and its sources, compressed (zlib'd JSON of each module's (is a package,
-    source)). The key names the sources and the BOOTSTRAP that caches them on a host."""
+    """The agent's key and its sources, compressed (zlib'd JSON of each module's (is a package,
+    source)): node_agent's, and the train_jobs programs ddpctl runs on the hosts (programs.py), so
+    a host caches those with the agent and a launch of one sends only their names. The key names
+    the sources and the BOOTSTRAP that caches them on a host."""
     root = Path(node_agent.__file__).parent
     sources: dict[str, tuple[bool, str]] = {}
     for path in sorted(root.rglob("*.py")):
         parts = path.relative_to(root.parent).with_suffix("").parts
         package = parts[-1] == "__init__"
         sources[".".join(parts[:-1] if package else parts)] = (package, path.read_text())
+    sources.update(shipped_sources())
     blob = zlib.compress(json.dumps(sources).encode(), 6)
     return hashlib.sha256(BOOTSTRAP.encode() + blob).hexdigest()[:32], blob
 

@@ -308,7 +308,7 @@ def test_a_link_down_for_good_is_lost_after_lost_after_and_a_spare_takes_over(
         wait_for(lambda: no_attempt_left(cluster, summary, [0, 2]), 30, "no job process left")
         # its account: lost_after of silence is detection, then the fence's wait, all charged to node1
         charged = {p["kind"]: p["seconds"] for p in summary["account"]["parts"] if p["host"] == "node1"}
-        assert 8 <= charged["detection"] <= 12 and charged["fencing"] > 0, summary["account"]
+        assert charged["detection"] >= 8 and charged["fencing"] > 0, summary["account"]  # lost_after 10: its silence
         line = summary["account"]["line"]
         assert re.search(r"\d+ s to node1 \(lost: ", line) and " s detection" in line and " s fencing" in line, line
     finally:

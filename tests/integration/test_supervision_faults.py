@@ -10,7 +10,6 @@ import signal
 import subprocess
 import textwrap
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -185,7 +184,6 @@ def test_a_host_cut_off_while_flooding_is_lost_and_stops_its_own_ranks(make_clus
     job_id = next(runs.iterdir()).name
     cluster.link_down(1)
     try:
-        cut = time.monotonic()
         code = wait_exit(proc, 60)
         text = out.read_text()
         assert code == 1, text[-3000:]
@@ -193,9 +191,8 @@ def test_a_host_cut_off_while_flooding_is_lost_and_stops_its_own_ranks(make_clus
             text[-3000:]
         assert "first failure: rank" not in text
         wait_for(lambda: not cluster.job_pids(0, job_id), 30, "node0's job processes to end")
-        # node1 hears no heartbeat: it ends its own ranks within 1.5 x lost_after, link still down
+        # node1 hears no heartbeat: it ends its own ranks, link still down (how soon: bench/host_loss.py)
         wait_for(lambda: not cluster.job_pids(1, job_id), 30, "node1 to stop its own ranks while cut off")
-        assert time.monotonic() - cut < 40
     finally:
         cluster.link_up(1)
     summary = only_summary(runs)

@@ -6,7 +6,6 @@ The fake nvidia-smi replays a recording on one host only (tests/fake_gpu.py)."""
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -69,14 +68,11 @@ def test_top_rows_for_a_detached_job_gpu_faults_and_a_host_cut_off(
             assert (nvml["gpus"], nvml["gpu_util_min"]) == (0, None)
 
         cluster.link_down(1)
-        try:
-            started = time.monotonic()
+        try:  # it answers (top_json's bound), naming the host it cannot reach; how soon: bench/host_loss.py
             code, report = top_json(cluster, "topjob")
-            took = time.monotonic() - started
         finally:
             cluster.link_up(1)
         assert code == 1
-        assert took < 30
         first, second = report["rows"]
         assert (first["host"], first["state"]) == ("node1", "unreachable"), first
         assert first["error"]

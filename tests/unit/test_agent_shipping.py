@@ -30,6 +30,7 @@ from orchestrator.remote.agent import (
     parse_reply,
     start_agent,
 )
+from orchestrator.remote.programs import SHIPPED, module_of
 from orchestrator.remote.transport import CommandResult, LocalTransport
 
 
@@ -55,9 +56,12 @@ def test_payload_carries_every_agent_module() -> None:
     root = Path(node_agent.__file__).parent
     modules = {".".join(p.relative_to(root.parent).with_suffix("").parts).removesuffix(".__init__")
                for p in root.rglob("*.py")}
-    assert set(sources) == modules and {"node_agent.ops.facts", "node_agent.wire.protocol"} <= modules
+    programs = {module_of(rel) for rel in SHIPPED}  # the train_jobs programs doctor runs travel with it
+    assert set(sources) == modules | programs and {"node_agent.ops.facts", "node_agent.wire.protocol"} <= modules
+    assert {"train_jobs.smoke", "train_jobs.allreduce_bench.bench", "train_jobs.hostcheck.check"} <= programs
     assert {name for name, (package, _) in sources.items() if package} == {
-        "node_agent", "node_agent.host", "node_agent.ops", "node_agent.rank", "node_agent.runtime", "node_agent.wire"}
+        "node_agent", "node_agent.host", "node_agent.ops", "node_agent.rank", "node_agent.runtime", "node_agent.wire",
+        "train_jobs", "train_jobs.allreduce_bench", "train_jobs.hostcheck"}
 
 
 def test_agent_runs_from_stdin_without_the_package_on_the_path(tmp_path: Path) -> None:
@@ -238,6 +242,18 @@ CANNOT_WRITE = [
 ]
 
 
+def python_with_cache_on(tmp_path: Path, cache: Path, mount: str) -> Path:
+    """An interpreter (a wrapper around this one) whose cache directory `cache` is what `mount`
+    makes of it, in a mount namespace of its own: the mount never reaches this machine."""
+    cache.mkdir()
+    python = tmp_path / "python"
+    python.write_text("#!/bin/sh\n"
+                      f"export C={shlex.quote(str(cache))} XDG_CACHE_HOME={shlex.quote(str(cache))}\n"
+                      f'exec unshare -m sh -c \'{mount} && exec "$0" "$@"\' {shlex.quote(sys.executable)} "$@"\n')
+    python.chmod(0o755)
+    return python
+
+
 @pytest.mark.skipif(shutil.which("unshare") is None or os.getuid() != 0, reason="needs root and unshare")
 @pytest.mark.parametrize(("disk", "mount", "state"), CANNOT_WRITE)
 def test_a_cache_on_a_read_only_or_full_disk_says_so_and_the_call_still_works(
@@ -246,12 +262,7 @@ def test_a_cache_on_a_read_only_or_full_disk_says_so_and_the_call_still_works(
     mount namespace of the host's own) runs the sources it was sent, every call, and says why."""
     monkeypatch.delenv("PYTHONDONTWRITEBYTECODE", raising=False)
     cache = tmp_path / "cache"
-    cache.mkdir()
-    python = tmp_path / "python"
-    python.write_text("#!/bin/sh\n"
-                      f"export C={shlex.quote(str(cache))} XDG_CACHE_HOME={shlex.quote(str(cache))}\n"
-                      f'exec unshare -m sh -c \'{mount} && exec "$0" "$@"\' {shlex.quote(sys.executable)} "$@"\n')
-    python.chmod(0o755)
+    python = python_with_cache_on(tmp_path, cache, mount)
     t = LocalTransport(replace(LOCALHOST, python=str(python)))
     for _ in range(2):
         result, stream = _call(t)

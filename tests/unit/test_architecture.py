@@ -54,11 +54,15 @@ def test_node_agent_needs_only_the_standard_library_and_optional_psutil() -> Non
     assert offenders == {}
 
 
-def test_node_agent_parses_as_python_3_8() -> None:
+def test_node_agent_and_the_programs_shipped_with_it_parse_as_python_3_8() -> None:
     """Every host runs it on its own python3, 3.8 or newer: no syntax of a later Python (a match
     statement, parenthesized context managers, `except*`). mypy checks the types, but no mypy that
-    runs here can target 3.8; tests/unit/test_agent_shipping.py runs the ops on a real 3.8."""
-    for path in sorted((ROOT / "node_agent").rglob("*.py")):
+    runs here can target 3.8; tests/unit/test_agent_shipping.py runs the ops on a real 3.8. The
+    train_jobs programs ddpctl ships with it are compiled into the same cache on that Python."""
+    from orchestrator.remote.programs import SHIPPED, TRAIN_JOBS
+
+    paths = [*sorted((ROOT / "node_agent").rglob("*.py")), *(TRAIN_JOBS / rel for rel in SHIPPED)]
+    for path in paths:
         ast.parse(path.read_text(), str(path), feature_version=(3, 8))
 
 
@@ -139,8 +143,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("orchestrator.errors", "orchestrator.sizes"),  # errors that name a host; byte sizes as text
     # node_agent by role: its entry (__main__'s table of ops), the ops, the node runtime (the
     # supervisor), code that runs inside a rank, what the ops and the runtime read of the host, and
-    # the wire it shares with the control plane. train_jobs: the programs ddpctl ships inline (the
-    # control plane reads the deep check's pure rules from them; see test_the_control_plane_...).
+    # the wire it shares with the control plane. train_jobs: the programs ddpctl ships with its agent
+    # (the control plane reads the deep check's pure rules from them; see test_the_control_plane_...).
     ("node_agent",),
     ("node_agent.ops",),
     ("node_agent.runtime",),

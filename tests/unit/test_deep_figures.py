@@ -5,7 +5,6 @@ figures equal to their decoded copy, a line that does not fit refused, and docto
 
 from __future__ import annotations
 
-import ast
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -98,7 +97,7 @@ def test_figures_that_do_not_fit_their_declaration_are_refused(change: Any) -> N
 
 def fake_run(tmp_path: Path, lines: list[str], hosts: int = 4) -> CollectiveRun:
     plan = SimpleNamespace(hosts=[SimpleNamespace(node_rank=r, host=SimpleNamespace(name=f"node{r}"))
-                                  for r in reversed(range(hosts))])
+                                  for r in reversed(range(hosts))], master_addr="198.18.0.10", master_port=29500)
     result = SimpleNamespace(first_failure=None, hosts=[], run_dir=tmp_path / "run")
     output = SimpleNamespace(lines=[("node0", "0", line) for line in lines])
     return cast(CollectiveRun, SimpleNamespace(result=result, output=output, plan=plan))
@@ -136,15 +135,3 @@ def test_a_run_without_figures_that_decode_fails_each_job_check(monkeypatch: pyt
     for f in out.findings:
         assert (why is not None and why in f.evidence) or (why is None and "decode" not in f.evidence)
         assert f.evidence.endswith(f"logs: {tmp_path / 'run'}")
-
-
-def test_the_inline_program_ships_each_module_after_those_it_imports_in_python_3_8() -> None:
-    """The loader runs the modules in the order shipped (orchestrator/launch/inline.py), on the hosts' Python."""
-    shipped = deep.program(1.0, 1 << 20).modules
-    order = list(shipped)
-    assert "train_jobs.hostcheck.figures" in order
-    for i, name in enumerate(order):
-        for node in ast.walk(ast.parse(shipped[name], name, feature_version=(3, 8))):
-            if isinstance(node, ast.ImportFrom) and node.module:
-                targets = {node.module, *(f"{node.module}.{alias.name}" for alias in node.names)}
-                assert all(order.index(t) < i for t in targets & set(order) - {name}), (name, targets)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import replace
@@ -278,10 +279,11 @@ def test_a_failed_write_leaves_no_test_file_and_a_marker_prefix_names_it(tmp_pat
 
 def test_a_dir_that_hangs_is_reported_after_the_bound(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(metricsdir, "WRITE_TIMEOUT_S", 0.2)
-    monkeypatch.setattr(metricsdir, "look", lambda path: time.sleep(2) or {})
-    started = time.monotonic()
+    hung = threading.Event()  # the directory answers once it is set: never, while the fact is read
+    monkeypatch.setattr(metricsdir, "look", lambda path: hung.wait(60) or {})
     out = metricsdir.fact_metrics_dir({"metrics_dir": str(tmp_path)})
-    assert time.monotonic() - started < 1.5
+    assert not hung.is_set()  # answered while the look still hung
+    hung.set()
     assert (out["step"], out["writable"], "exporters" in out) == ("timeout", False, False)
     md = parse_facts("a", {"facts": {"metrics_dir": out}}, 0.0, 0.0).facts.metrics_dir
     assert md is not None and "did not answer" in metrics_dir.judge("a", md)[0].message

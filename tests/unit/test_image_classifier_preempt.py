@@ -153,9 +153,10 @@ def test_sigusr1_to_torchrun_saves_a_checkpoint_and_a_slurm_restart_resumes_ther
     epoch = int(lines[0].rsplit("=", 1)[1])
     assert 1 <= epoch < 30  # signalled after epoch 0's line, and well before the end
     assert "final " not in stopped.output and not rank_lines(stopped.output)
-    # The workers stopped by themselves, before torchrun's shutdown timeout; torchrun itself exits 1
-    # whatever they do (it re-raises the forwarded signal as SignalException).
-    assert stopped.seconds < SHUTDOWN_S and "forcefully exiting" not in stopped.output, stopped.output[-3000:]
+    # The workers stopped by themselves, before torchrun's shutdown timeout (past it, torchrun says it
+    # is "forcefully exiting" them); torchrun itself exits 1 whatever they do (it re-raises the
+    # forwarded signal as SignalException).
+    assert "forcefully exiting" not in stopped.output, stopped.output[-3000:]
     assert (tmp_path / "ck" / checkpoint.LAST).is_file()
     assert not list((tmp_path / "ck").glob(".*tmp*"))
 

@@ -126,6 +126,19 @@ def test_a_clean_run_maps_torchrun_prefixes_to_global_ranks_and_keeps_logs(tmp_p
     assert result.run_dir == tmp_path / result.job_id
 
 
+def test_without_fail_fast_a_failing_host_stops_no_other_and_is_still_the_first_failure(tmp_path: Path) -> None:
+    """A per-host program (doctor --deep): each host runs on its own, a monitor decides the stop."""
+    def script(b: ScriptedBackend, emit: Emit) -> None:
+        emit_all(emit, [Started("a"), Started("b"), Exited("b", 1)])
+        assert not b.stopped.wait(1.5), "the core stopped the other host"
+        emit_all(emit, [Exited("a", 0)])
+
+    backend = ScriptedBackend(script)
+    result = core.launch(make_job(), backend, Collected(), LaunchOptions(grace=1.0, runs_dir=tmp_path, fail_fast=False))
+    assert backend.stops == [] and result.first_failure is not None and result.first_failure.host == "b"
+    assert result.exit_code == 1 and [h.state.value for h in result.hosts] == ["exited", "failed"]
+
+
 def test_the_first_failing_host_stops_every_other_host_and_is_the_first_failure(tmp_path: Path) -> None:
     error = RankError(1, "RuntimeError: boom", "Traceback ...\nRuntimeError: boom", 1.0, None)
 
@@ -185,13 +198,14 @@ def test_a_single_host_job_exits_with_torchruns_own_code(tmp_path: Path) -> None
 
 
 def test_an_inline_program_runs_with_no_python_and_the_dry_run_plan_is_the_launched_plan(tmp_path: Path) -> None:
-    program = InlineProgram({"pkg": "", "pkg.main": "print('hi')"}, "pkg.main", ("--x", "a b"))
+    program = InlineProgram(("pkg", "pkg.main"), "pkg.main", ("--x", "a b"))
     backend = ScriptedBackend(lambda _b, emit: emit_all(emit, [Exited("a", 0), Exited("b", 0)]))
     result = core.launch(make_job(), backend, Collected(), LaunchOptions(runs_dir=tmp_path), inline=program)
     assert result.ok and backend.plan is not None
     a = backend.plan.hosts[0]
     assert "--no-python" in a.launcher and "--module" not in a.launcher
     assert a.program[:2] == ("/opt/py/bin/python", "-c") and a.program[-3:] == ("pkg.main", "--x", "a b")
+    assert a.modules == ("pkg", "pkg.main")  # the supervise request names them; the command line does not carry them
     dry = core.plan_job(make_job(), ScriptedBackend(lambda _b, _e: None))
     assert dry.hosts[0].program == ("train.py",) and "--no-python" not in dry.hosts[0].launcher
     assert dry.hosts[0].launcher == a.launcher[:-1]  # the same torchrun options, less --no-python

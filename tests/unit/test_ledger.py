@@ -9,7 +9,6 @@ import os
 import shutil
 import sqlite3
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
@@ -140,11 +139,9 @@ def test_a_locked_ledger_is_a_warning_after_the_busy_timeout_not_a_block(tmp_pat
     Ledger(path).record("run-0", "up", [Sighting(NODE1)])
     holder = sqlite3.connect(path, isolation_level=None)
     holder.execute("BEGIN EXCLUSIVE")
-    try:
-        started = time.monotonic()
+    try:  # it answers while the lock is still held (a block would wait for the holder, which waits for it)
         warnings = Ledger(path, timeout=0.3).record("run-1", "up", [Sighting(NODE1)])
-        took = time.monotonic() - started
-        assert took < 3.0
+        assert holder.in_transaction
         assert len(warnings) == 1 and "locked" in warnings[0] and "the run goes on" in warnings[0], warnings
         assert Ledger(path, timeout=0.3).read().hosts[0].runs == 1  # WAL: readers go on beside a writer
     finally:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -149,30 +150,45 @@ def test_auto_and_cpu_nproc() -> None:
 def test_a_per_host_program_runs_standalone_on_each_host_and_finds_the_coordinator_in_its_env() -> None:
     from orchestrator.launch.inline import InlineProgram
 
-    program = InlineProgram({"m": "print(1)"}, "m", ("--x",), per_host=True)
+    program = InlineProgram(("m",), "m", ("--x",), per_host=True)
     plan = build_plan(make_job(hosts=(A, B, C)), "t-1", {"a": 1, "b": 1, "c": 1}, 29511, inline=program)
     for rank, hl in enumerate(plan.hosts):
         argv = hl.argv()
-        assert argv[:8] == [hl.host.python, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "1",
-                            "--standalone"]
+        # its workers dial their own torchrun's store on loopback: never by the host's name, which
+        # may resolve nowhere (torch's default is socket.getfqdn())
+        assert argv[:10] == [hl.host.python, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "1",
+                             "--standalone", "--local-addr", "127.0.0.1"]
         assert "--node-rank" not in argv and "--master-addr" not in argv and "--no-python" in argv
         assert hl.env["DDPCTL_NODE_RANK"] == str(rank) and hl.env["DDPCTL_NNODES"] == "3"
         assert hl.env["DDPCTL_COORDINATOR"] == "198.18.0.1:29511"
-    shared = build_plan(make_job(), "t-1", {"a": 1, "b": 1}, 29511, inline=InlineProgram({"m": ""}, "m"))
+        assert hl.modules == ("m",)
+    shared = build_plan(make_job(), "t-1", {"a": 1, "b": 1}, 29511, inline=InlineProgram(("m",), "m"))
     assert "DDPCTL_NODE_RANK" not in shared.hosts[0].env and "--standalone" not in shared.hosts[0].argv()
+    assert "--local-addr" not in shared.hosts[0].argv()
+    assert build_plan(make_job(), "t-1", {"a": 1, "b": 1}, 29511).hosts[0].modules == ()
 
 
-def test_an_inline_program_runs_its_modules_in_the_order_given() -> None:
+def test_an_inline_programs_runner_runs_its_main_module_from_the_program_dir_as_python_m_would(
+        tmp_path: Path) -> None:
+    """RUNNER (a constant) puts $DDPCTL_PROGRAM_DIR first on the path, ahead of the working
+    directory's own copy of a package, and runs the main module as __main__ with its arguments."""
     import subprocess
     import sys
 
+    from node_agent.wire.layout import PROGRAM_DIR_ENV
     from orchestrator.launch.inline import InlineProgram
 
-    modules = {"pkg": "", "pkg.z_base": "VALUE = 41\n", "pkg.a_user": "from pkg.z_base import VALUE\nN = VALUE + 1\n",
-               "pkg.main": "from pkg.a_user import N\nprint(N)\n"}
-    out = subprocess.run(InlineProgram(modules, "pkg.main").argv(sys.executable), capture_output=True, text=True,
-                         check=True, timeout=60)
-    assert out.stdout.strip() == "42", "a_user sorts before z_base, and imports it"
+    shipped, workdir = tmp_path / "program", tmp_path / "work"
+    for root, value in ((shipped, 41), (workdir, -1)):
+        (root / "pkg").mkdir(parents=True)
+        (root / "pkg" / "__init__.py").write_text("")
+        (root / "pkg" / "base.py").write_text(f"VALUE = {value}\n")
+    (shipped / "pkg" / "main.py").write_text("import sys\nfrom pkg.base import VALUE\n"
+                                             "print(__name__, VALUE + 1, sys.argv[1:])\n")
+    argv = InlineProgram(("pkg", "pkg.base", "pkg.main"), "pkg.main", ("--x", "a b")).argv(sys.executable)
+    out = subprocess.run(argv, capture_output=True, text=True, check=True, timeout=60, cwd=workdir,
+                         env={**os.environ, PROGRAM_DIR_ENV: str(shipped)})
+    assert out.stdout.strip() == "__main__ 42 ['--x', 'a b']"
 
 
 def test_the_supervise_request_carries_each_hosts_textfile_dir_and_the_jobs_metrics_timing() -> None:

@@ -18,8 +18,13 @@ moved by then is its figure). A pair's figure is its best exchange, MB/s one way
 
 Node 0 prints `DDPCTL-DEEP <json>` at the end (the figures, declared once: figures.DeepFigures, which
 coordinate.Coordinator builds), and `DDPCTL-DEEP-ROUND <i> <pairs>` as each link round ends (progress,
-so a long run never looks hung).
+so a long run never looks hung). Every host prints when its check starts and when it has joined, and
+node 0 when its store serves (figures.STARTED, JOINED, SERVING): where node 0 never serves, there is
+no coordinator to name anyone, and doctor's side bounds the start from these lines.
 Where the job runs: DDPCTL_NODE_RANK, DDPCTL_NNODES and DDPCTL_COORDINATOR (host:port) from the plan.
+Nothing here looks a host's name up: the store is dialled at the coordinator's address, and a pair's
+gloo device is GLOO_SOCKET_IFNAME's interface (which ddpctl sets where the name resolves nowhere) or
+else this host's own address on its route to node 0, never what its hostname resolves to.
 """
 
 from __future__ import annotations
@@ -27,9 +32,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import replace
 from datetime import timedelta
 from typing import Any
@@ -38,6 +45,7 @@ import torch
 import torch.distributed as dist
 
 from train_jobs.hostcheck.coordinate import Coordinator, Settings
+from train_jobs.hostcheck.figures import JOINED, LATE, RESULT, SERVING, STARTED
 
 CPU_N = 512  # CPU: 512 x 512 float32 multiplies
 GPU_N = 8192  # GPU: 8192 x 8192 bf16 multiplies
@@ -117,6 +125,35 @@ def compute_window(window: float) -> dict[str, Any]:
     return {"devices": rows}
 
 
+def route_address(addr: str, port: int) -> str:
+    """This host's own address on its route to `addr` (a UDP socket's connect sends nothing)."""
+    family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as probe:
+        probe.connect((addr, port))
+        return str(probe.getsockname()[0])
+
+
+def gloo_devices(env: Mapping[str, str]) -> list[dict[str, str]]:
+    """What a pair's gloo devices bind to (ProcessGroupGloo.create_device's arguments): each interface
+    of GLOO_SOCKET_IFNAME where it is set (the job's, or ddpctl's where this host's name resolves
+    nowhere: doctor's addressing), else this host's address on its route to node 0
+    (DDPCTL_COORDINATOR). Never gloo's default, which looks this host's name up and falls back to
+    loopback where it resolves nowhere: a pair across hosts would then never connect."""
+    ifname = env.get("GLOO_SOCKET_IFNAME", "")
+    if ifname:
+        return [{"interface": name} for name in ifname.split(",")]
+    addr, _, port = env["DDPCTL_COORDINATOR"].rpartition(":")
+    return [{"hostname": route_address(addr.strip("[]"), int(port))}]
+
+
+def gloo_options(timeout: float, env: Mapping[str, str]) -> Any:
+    pg = dist.ProcessGroupGloo
+    options = pg._Options()
+    options._devices = [pg.create_device(**device) for device in gloo_devices(env)]
+    options._timeout = timedelta(seconds=timeout)
+    return options
+
+
 class PairGroup:
     """A two-rank group over the store, for one exchange."""
 
@@ -130,7 +167,7 @@ class PairGroup:
                 self.device = torch.device("cpu")
         if self.group is None:
             self.group = dist.ProcessGroupGloo(dist.PrefixStore(f"pair/{tag}", store), role, 2,
-                                               timedelta(seconds=timeout))
+                                               gloo_options(timeout, os.environ))
         self.peer = 1 - role
         self.role = role
 
@@ -218,6 +255,7 @@ def worker(rank: int, store: Any, timeout: float) -> None:
         torch.cuda.set_device(device)
     store.set(f"join/{rank}", json.dumps({"boot": boot_id(), "pid": os.getpid(), "host": os.uname().nodename}))
     store.add(NEWS, 1)
+    print(f"{JOINED} rank={rank}", flush=True)
     seq = 0
     while True:
         key = f"cmd/{rank}/{seq}"
@@ -266,6 +304,7 @@ def connect(addr: str, port: int, master: bool, timeout: float) -> Any:
 def coordinate(addr: str, port: int, world: int, args: argparse.Namespace, backend: str) -> None:
     """Node 0: the store, the coordinator on this thread, this host's own worker on another."""
     store = connect(addr, port, True, args.timeout)
+    print(f"{SERVING} {addr}:{port}", flush=True)
     errors: list[BaseException] = []
 
     def own() -> None:
@@ -282,7 +321,7 @@ def coordinate(addr: str, port: int, world: int, args: argparse.Namespace, backe
     thread.join(timeout=5.0)
     if errors:
         figures = replace(figures, coordinator_host_error=repr(errors[0])[:300])
-    print("DDPCTL-DEEP " + json.dumps(figures.to_json()), flush=True)
+    print(RESULT + json.dumps(figures.to_json()), flush=True)
     # the store lives until the hosts that joined have read `done` (the others ddpctl stops)
     joined = [r for r in range(1, world) if store.check([f"join/{r}"])]
     deadline = time.monotonic() + 3.0
@@ -297,6 +336,7 @@ def main() -> int:
     addr, _, port = os.environ["DDPCTL_COORDINATOR"].rpartition(":")
     addr = addr.strip("[]")
     backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() > 0 else "gloo"
+    print(f"{STARTED} rank={rank} store={os.environ['DDPCTL_COORDINATOR']}", flush=True)
     if rank == 0:
         coordinate(addr, int(port), world, args, backend)
         return 0
@@ -305,7 +345,7 @@ def main() -> int:
         worker(rank, store, args.timeout)
         store.set(f"bye/{rank}", "1")
     except Exception as exc:  # the coordinator is gone (it named this host late): nothing to add
-        print(f"DDPCTL-DEEP-LATE rank {rank}: {str(exc).splitlines()[0][:200] if str(exc) else exc!r}", flush=True)
+        print(f"{LATE} rank {rank}: {str(exc).splitlines()[0][:200] if str(exc) else exc!r}", flush=True)
     return 0
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from train_jobs.hostcheck import schedule
-from train_jobs.hostcheck.figures import ComputeRow, DeepFigures, LinkRow, Missed, Phases
+from train_jobs.hostcheck.figures import ROUND, ComputeRow, DeepFigures, LinkRow, Missed, Phases
 from train_jobs.hostcheck.verdict import SLOW_LINK, Figure, judge, slow_among_peers
 
 POLL_S = 0.05
@@ -278,7 +278,7 @@ class Coordinator:
                                           why or f"rank {', '.join(map(str, late))} did not answer", number))
             old = self.rates.get((a, b))
             self.rates[(a, b)] = fig if old is None else old.again(fig)
-        self.progress(f"DDPCTL-DEEP-ROUND {number} {len(pairs)}")
+        self.progress(f"{ROUND} {number} {len(pairs)}")
 
     def _finish_busy(self) -> None:
         """Wait for the busy hosts no longer than a pair's deadline: they are already named."""

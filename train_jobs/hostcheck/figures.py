@@ -26,6 +26,15 @@ from train_jobs.hostcheck.verdict import Figure
 
 SCHEMA = 2  # the figures' version: a line of another is not read
 
+# The lines every host's check prints, declared once: node 0's figures, and the marks of its start
+# that doctor's side reads to bound a start no coordinator can (orchestrator/doctor/deep_start.py).
+RESULT = "DDPCTL-DEEP "  # node 0: "DDPCTL-DEEP <json>", the figures
+STARTED = "DDPCTL-DEEP-START"  # "... rank=<r> store=<host:port>": the check runs (torch imported) and dials node 0
+JOINED = "DDPCTL-DEEP-JOINED"  # "... rank=<r>": it reached node 0's store and joined
+SERVING = "DDPCTL-DEEP-SERVING"  # node 0: "... <host:port>": its store serves; the coordinator waits for the joins
+ROUND = "DDPCTL-DEEP-ROUND"  # node 0: "... <i> <pairs>", as each link round ends (progress)
+LATE = "DDPCTL-DEEP-LATE"  # a host that lost the coordinator (named late already)
+
 
 def _seconds(value: float) -> float:
     """Seconds as they travel: 3 decimals."""

@@ -13,7 +13,8 @@ A host slow with every partner after MIN_ROUNDS rounds sits out the rest of the 
 (`sitting_out`): its pairs would only cost their cap, and its verdict is settled by the recheck.
 
 `bound` is every wait's deadline: a multiple of what the hosts that finished took, with a floor;
-a host (or pair) past it is named, and the rest goes on without it.
+a host (or pair) past it is named, and the rest goes on without it. `start_deadline` is doctor's own
+bound on the start, where node 0 (the one that names the others) has not started to coordinate.
 """
 
 from __future__ import annotations
@@ -38,12 +39,26 @@ JOIN_BOUND = (10.0, 3.0)  # every host's check started (torch imported, the coor
 COMPUTE_BOUND = (5.0, 10.0)  # one timing window on every device of a host
 LINK_BOUND = (1.0, 10.0)  # one pair's exchanges: the pair stops itself past it, with what it moved
 LINK_SLACK = 3.0  # seconds past a pair's cap before it is named for not answering
+# Doctor's side (orchestrator/doctor/deep_start.py), where node 0 has not started to coordinate: no
+# host's check has started this long after the first torchrun did (torchrun and the check each import
+# torch: seconds on a loaded host); a start broken everywhere is named then.
+START_FLOOR_S = 60.0
 
 
 def bound(finished: Sequence[float], limits: tuple[float, float]) -> float:
     """The deadline: `limits[1]` times the median time of those that finished, at least `limits[0]`."""
     floor, factor = limits
     return max(floor, factor * statistics.median(finished)) if finished else floor
+
+
+def start_deadline(delays: Sequence[float]) -> float:
+    """Doctor's deadline, in seconds after the first torchrun started, for node 0 to serve the store
+    the others join (`delays`: how long each host whose check has started took, from that moment):
+    the join deadline on those times, and at least JOIN_BOUND's floor after the first of them;
+    START_FLOOR_S while none has started."""
+    if not delays:
+        return START_FLOOR_S
+    return max(bound(delays, JOIN_BOUND), min(delays) + JOIN_BOUND[0])
 
 
 def pair(a: int, b: int) -> Pair:

@@ -68,7 +68,8 @@ def supervise_request(plan: LaunchPlan, launch: HostLaunch, options: LaunchOptio
     """What a node's supervisor (node_agent/runtime/supervisor.py) is asked to run."""
     return SuperviseRequest(
         job_id=plan.job_id, job_name=plan.job.name, run_id=plan.run_id or "", node_rank=launch.node_rank,
-        launcher=tuple(launch.launcher), program=tuple(launch.program), env=dict(launch.env), cwd=launch.cwd,
+        launcher=tuple(launch.launcher), program=tuple(launch.program), modules=tuple(launch.modules),
+        env=dict(launch.env), cwd=launch.cwd,
         grace=options.grace,
         heartbeat_timeout=0 if detach else limits_for(plan.job.lost_after, options.lost_after).node_after,
         detach=detach, nccl_debug=options.nccl_debug, wrap=launch.wrapped, sample_every=plan.job.watch.sample_every,
