@@ -280,7 +280,12 @@ def test_a_failed_write_leaves_no_test_file_and_a_marker_prefix_names_it(tmp_pat
 def test_a_dir_that_hangs_is_reported_after_the_bound(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(metricsdir, "WRITE_TIMEOUT_S", 0.2)
     hung = threading.Event()  # the directory answers once it is set: never, while the fact is read
-    monkeypatch.setattr(metricsdir, "look", lambda path: hung.wait(60) or {})
+
+    def look(path: str) -> dict[str, object]:
+        hung.wait(60)
+        return {}
+
+    monkeypatch.setattr(metricsdir, "look", look)
     out = metricsdir.fact_metrics_dir({"metrics_dir": str(tmp_path)})
     assert not hung.is_set()  # answered while the look still hung
     hung.set()
