@@ -30,15 +30,15 @@ from node_agent.host.runstate import (
 from node_agent.rank.torchrun import STOPPING, record_killed
 from node_agent.runtime.attach import listen, serve
 from node_agent.runtime.attempt_mark import claim
+from node_agent.runtime.checkpoints import CheckpointWatch
 from node_agent.runtime.metrics_file import JobLabels, MetricsFile, job_text, sweep
 from node_agent.runtime.nccl_log import parse_files
 from node_agent.runtime.programs import module_source, write_program, write_source
 from node_agent.runtime.quiet import QuietSignalTracebacks
 from node_agent.runtime.ranklogs import RankLogs
-from node_agent.runtime.records import checkpoint_message, is_rank_record, rank_error, rank_message, sample_message
+from node_agent.runtime.records import is_rank_record, rank_error, rank_message, sample_message
 from node_agent.runtime.uplink import Sink, Uplink
 from node_agent.wire.layout import (
-    ATTEMPT_MARK,
     DOWN_MARK,
     PROGRAM_DIR,
     PROGRAM_DIR_ENV,
@@ -62,25 +62,6 @@ WATCH_EVERY = 0.5  # how often the watchdog looks at the last heartbeat
 READ_CHUNK = 1 << 16
 CHECKPOINT_ENV = "DDPCTL_CHECKPOINT_DIR"  # [restart] checkpoint_dir, as the ranks get it
 ATTEMPT_ENV = "DDPCTL_ATTEMPT"  # which attempt of its run a job is (orchestrator/launch/plan.py)
-MAX_CHECKPOINT_FILES = 10000  # a checkpoint directory is looked through up to this many entries
-CHECKPOINT_EVERY = 1.0  # how often [restart] checkpoint_dir is looked at while the job runs
-
-
-def newest_mtime(directory: str) -> Optional[float]:
-    """The modification time of the newest file under `directory` (None: none, or unreadable)."""
-    newest: Optional[float] = None
-    seen = 0
-    for root, _dirs, files in os.walk(directory):
-        for name in files:
-            if name.startswith(ATTEMPT_MARK):  # ddpctl's own mark (node_agent/runtime/attempt_mark.py), not progress
-                continue
-            seen += 1
-            if seen > MAX_CHECKPOINT_FILES:
-                return newest
-            with contextlib.suppress(OSError):
-                mtime = os.stat(os.path.join(root, name)).st_mtime
-                newest = mtime if newest is None or mtime > newest else newest
-    return newest
 
 
 class Supervisor:
@@ -107,8 +88,7 @@ class Supervisor:
         self.rank_dir = self.dir / "ranks"
         self.rank_records: Dict[str, Dict[str, Any]] = {}  # "<local rank>.<phase>" -> its record
         self.read_mtimes: Dict[str, int] = {}  # "<local rank>.<phase>" -> its mtime when last read
-        self.newest_before: Optional[float] = None  # the newest checkpoint file's mtime at the start
-        self.last_checkpoint: Optional[bytes] = None  # the newest checkpoint's message sent (replayed)
+        self.checkpoints: Optional[CheckpointWatch] = None  # [restart] checkpoint_dir, where the job has one
         self.uplink: Optional[Uplink] = None
         self.attach_path: Optional[str] = None
         self.log_lock = threading.Lock()
@@ -207,10 +187,9 @@ class Supervisor:
 
     def replay(self) -> List[bytes]:
         """What a re-attached control plane gets again (it keeps each once): every rank milestone and
-        the newest checkpoint seen, built as they were sent live (an event handed to a connection
-        that was then replaced is not sent twice: it may never have arrived)."""
+        the newest checkpoint seen, built as they were sent live."""
         ranks = [rank_message(record) for record in list(self.rank_records.values())]
-        return ranks + ([self.last_checkpoint] if self.last_checkpoint is not None else [])
+        return ranks + (self.checkpoints.replay() if self.checkpoints is not None else [])
 
     def rank_failed(self, record: Dict[str, Any]) -> None:
         """torchrun runs with --max-restarts 0: one failed rank fails the job. End it here now."""
@@ -470,18 +449,6 @@ class Supervisor:
             if self.uplink is not None:
                 self.uplink.message(sample_message(sampled))
 
-    def watch_checkpoints(self, directory: str) -> None:
-        """Every CHECKPOINT_EVERY seconds while torchrun runs: a newer file in [restart]
-        checkpoint_dir is sent as a `checkpoint` event, with its time and this node's steps then
-        (the time account's re-done work counts from the last one before a failure)."""
-        newest = self.newest_before
-        while not self.stopping.wait(CHECKPOINT_EVERY) and self.proc is not None and self.proc.poll() is None:
-            mtime = newest_mtime(directory)
-            if mtime is not None and (newest is None or mtime > newest) and self.uplink is not None:
-                newest = mtime
-                self.last_checkpoint = checkpoint_message(mtime, self.steps())
-                self.uplink.message(self.last_checkpoint)
-
     def _thread(self, target: Any, *args: Any) -> threading.Thread:
         thread = threading.Thread(target=target, args=args, daemon=True)
         thread.start()
@@ -494,8 +461,8 @@ class Supervisor:
         listener = listen(str(self.dir)) if control is not None else None
         self.attach_path = listener.getsockname() if listener is not None else None
         checkpoints = self.checkpoint_dir()
-        self.newest_before = newest_mtime(checkpoints) if checkpoints else None
         if checkpoints:  # before any rank starts: an older attempt's rank still running sees it is stale
+            self.checkpoints = CheckpointWatch(checkpoints)
             claim(checkpoints, self.request.run_id or None, self.attempt())
         self.start()
         assert self.proc is not None
@@ -522,8 +489,9 @@ class Supervisor:
         if (control is not None or self.request.batch) and self.heartbeat_timeout > 0:
             self._thread(self.watch_heartbeat)
         self._thread(self.watch_host)
-        if checkpoints and sink is not None:
-            self._thread(self.watch_checkpoints, checkpoints)
+        if self.checkpoints is not None and self.uplink is not None:
+            self._thread(self.checkpoints.watch, self.stopping, lambda: not self.over.is_set(), self.steps,
+                         self.uplink.message)
         metrics = self._thread(self.watch_metrics) if self.metrics is not None else None
         code = self.proc.wait()
         self.ended_at = time.time()
@@ -550,15 +518,14 @@ class Supervisor:
         if self.stopping.is_set():
             end_job(self.job_id, self.proc.pid, self.grace, self.node_rank)  # stragglers
         errors = self.rank_errors()
-        after = newest_mtime(checkpoints) if checkpoints else None
+        checkpointed, after = self.checkpoints.at_end() if self.checkpoints is not None else (False, None)
         nccl = parse_files(sorted(self.dir.glob("nccl.*.log"))) if self.request.nccl_debug else None
         result = wire(SuperviseResult(
             exit_code=code, stop_reason=self.stop_reason, first_error=errors[0] if errors else None,
             nccl=None if nccl is None else NcclChoice(**{k: tuple(str(v) for v in nccl.get(k) or ()) for k in (
                 "files", "networks", "interfaces", "bootstrap", "transports")}),
             error=None, log=str(self.log_path), rank_errors=tuple(errors[:32]), steps=self.steps(),
-            # a newer file there is progress, whatever the step counts say
-            checkpointed=after is not None and (self.newest_before is None or after > self.newest_before),
+            checkpointed=checkpointed,
             state_dir=str(self.dir), stopped_at=self.stopped_at, newest_checkpoint=after))
         write_json_atomic(self.dir / "state.json", dict(self.started, status="exited",
                                                            ended_at=time.time(), **result))

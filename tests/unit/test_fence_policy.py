@@ -8,6 +8,7 @@ import os
 import time
 from pathlib import Path
 
+import node_agent.runtime.checkpoints as checkpoints
 import node_agent.runtime.supervisor as supervisor
 from inventory import Host
 from node_agent.runtime.attempt_mark import claim, owns, read_mark
@@ -154,6 +155,6 @@ def test_the_mark_is_not_progress(tmp_path: Path) -> None:
     (tmp_path / "ckpt.pt").write_text("x")
     old = time.time() - 100
     os.utime(tmp_path / "ckpt.pt", (old, old))  # the checkpoint is older than the mark about to be written
-    before = supervisor.newest_mtime(str(tmp_path))
+    before = checkpoints.newest_mtime(str(tmp_path))
     claim(str(tmp_path), "run-1", 1)
-    assert supervisor.newest_mtime(str(tmp_path)) == before
+    assert checkpoints.newest_mtime(str(tmp_path)) == before

@@ -94,13 +94,16 @@ RANK = textwrap.dedent("""\
         time.sleep(60)
     """)
 
-# torchrun's stand-in: a checkpoint written, then (once the supervisor has looked) the ranks' records
-# appear, as they would one by one; the supervisor ends it when it reads the failed rank's record.
+# torchrun's stand-in: a checkpoint written, then (once the test has heard the supervisor's checkpoint
+# and sample messages: the GO file) the ranks' records appear, as they would one by one; the
+# supervisor ends it when it reads the failed rank's record.
 LAUNCHER = textwrap.dedent("""\
     import os, sys, time
     with open(os.path.join(os.environ["CKPT"], "model.pt"), "w") as f:
         f.write("weights")
-    time.sleep(2.5)  # the supervisor looks at checkpoint_dir every second
+    deadline = time.monotonic() + 30
+    while not os.path.exists(os.environ["GO"]) and time.monotonic() < deadline:
+        time.sleep(0.05)
     staged, ranks = os.environ["STAGED"], os.environ["DDPCTL_RANK_DIR"]
     for name in sorted(os.listdir(staged)):
         os.replace(os.path.join(staged, name), os.path.join(ranks, name))
@@ -175,11 +178,17 @@ def supervise_request(tmp_path: Path, staged: Path) -> dict[str, Any]:
     return {"job_id": JOB, "job_name": "replayed", "node_rank": 0, "launcher": [sys.executable, "launcher.py"],
             "program": ["rank.py"], "cwd": str(tmp_path), "grace": 2.0, "heartbeat_timeout": 0, "wrap": True,
             "sample_every": 0.3, "env": {"STAGED": str(staged), "CKPT": str(tmp_path / "ckpt"),
-                                         "DDPCTL_CHECKPOINT_DIR": str(tmp_path / "ckpt")}}
+                                         "GO": str(tmp_path / "go"), "DDPCTL_CHECKPOINT_DIR": str(tmp_path / "ckpt")}}
 
 
-def to_its_end(stream: AgentStream) -> list[list[Batched]]:
-    batches = list(stream.batches())
+def to_its_end(stream: AgentStream, go: Path | None = None) -> list[list[Batched]]:
+    """The stream's batches to its end; `go` is made once it has carried a checkpoint and a sample."""
+    batches, heard = [], set()
+    for batch in stream.batches():
+        batches.append(batch)
+        heard.update(m.name for m in batch if isinstance(m, AgentEvent))
+        if go is not None and {"checkpoint", "sample"} <= heard:
+            go.touch()
     stream.close_stdin()
     assert stream.wait(30) is not None
     return batches
@@ -191,7 +200,7 @@ def test_every_record_decodes_alike_live_relayed_and_replayed_from_disk(
     staged = stage_records(tmp_path)
     request = supervise_request(tmp_path, staged)
 
-    live = hear(to_its_end(start_agent(LocalTransport(LOCALHOST), "supervise", request)))
+    live = hear(to_its_end(start_agent(LocalTransport(LOCALHOST), "supervise", request), tmp_path / "go"))
     replayed = hear(to_its_end(start_agent(LocalTransport(LOCALHOST), "attach",
                                            {"job_id": JOB, "node_rank": 0, "offset": 0})))
     supervisor = Supervisor(read(SuperviseRequest, request), detached=False)  # one re-attached to, on that state

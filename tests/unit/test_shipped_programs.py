@@ -6,10 +6,13 @@ be written."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import stat
+import subprocess
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -18,6 +21,7 @@ import pytest
 from inventory import LOCALHOST, Host, Inventory, Job, Rendezvous
 from node_agent.runtime.programs import write_program
 from node_agent.wire.layout import PROGRAM_DIR
+from node_agent.wire.protocol import parse_line
 from node_agent.wire.replies import wire
 from orchestrator.doctor import deep
 from orchestrator.doctor.collective_jobs import bandwidth_program, smoke_program
@@ -25,7 +29,16 @@ from orchestrator.launch.backends.base import supervise_request
 from orchestrator.launch.inline import InlineProgram, shipped_program
 from orchestrator.launch.options import LaunchOptions
 from orchestrator.launch.plan import build_plan
-from orchestrator.remote.agent import AgentResult, AgentStream, agent_code, start_agent
+from orchestrator.remote import agent, programs
+from orchestrator.remote.agent import (
+    BOOTSTRAP,
+    AgentResult,
+    AgentStream,
+    agent_code,
+    agent_payload,
+    call_agent,
+    start_agent,
+)
 from orchestrator.remote.programs import SHIPPED, TRAIN_JOBS, module_of, modules_of
 from orchestrator.remote.transport import LocalTransport, OutputLine
 from tests.unit.test_agent_shipping import CANNOT_WRITE, _call, python_with_cache_on
@@ -134,11 +147,7 @@ def test_a_program_runs_from_the_sources_the_call_brought_where_the_cache_cannot
 def test_a_slurm_batch_node_runs_a_program_from_the_agent_whole_in_its_node_in(state: Path, tmp_path: Path) -> None:
     """A batch node reads the agent's payload from a file (no one to ask for what it lacks): the
     program's modules are in it, and its supervisor writes them out as on any host."""
-    import json
-    import subprocess
 
-    from node_agent.wire.protocol import parse_line
-    from orchestrator.remote.agent import BOOTSTRAP, agent_payload
 
     plan = build_plan(job_here(LOCALHOST), "shipped-batch-1", {LOCALHOST.name: 1}, 29500, inline=SMOKE)
     request = replace(supervise_request(plan, plan.hosts[0], LaunchOptions(), detach=False), batch=True,
@@ -155,10 +164,7 @@ def test_a_slurm_batch_node_runs_a_program_from_the_agent_whole_in_its_node_in(s
 
 def test_a_detached_start_runs_a_program_after_its_call_has_ended(state: Path) -> None:
     """The daemon the call leaves behind writes the program out from the agent it was started with."""
-    import json
-    import time
 
-    from orchestrator.remote.agent import call_agent
 
     plan = build_plan(job_here(LOCALHOST), "shipped-detached-1", {LOCALHOST.name: 1}, 29500, inline=SMOKE)
     request = supervise_request(plan, plan.hosts[0], LaunchOptions(), detach=True)
@@ -174,7 +180,6 @@ def test_a_detached_start_runs_a_program_after_its_call_has_ended(state: Path) -
 
 def test_the_agent_key_names_the_programs_too(monkeypatch: pytest.MonkeyPatch) -> None:
     """A changed program is a new agent: a host that cached the old one is sent the new one."""
-    from orchestrator.remote import agent, programs
 
     def changed() -> dict[str, tuple[bool, str]]:
         sources = programs.shipped_sources()
